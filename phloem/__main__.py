@@ -1,0 +1,3 @@
+from phloem.cli import main
+
+raise SystemExit(main())

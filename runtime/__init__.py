@@ -1,0 +1,1 @@
+"""phloem runtime: engine, scheduler, caches, model execution. Import submodules directly."""

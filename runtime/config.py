@@ -1,0 +1,111 @@
+"""Configuration: one flat, frozen ``EngineArgs`` (what users type) split into per-component configs.
+
+Every field becomes a CLI flag (``--field-name``) and an ``Engine(**kwargs)`` keyword with the same
+name. Components never receive ``EngineArgs`` itself: each gets its own small frozen config from the
+``*_config()`` methods below, so a component's inputs are visible in its constructor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_args, get_origin
+
+
+def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(frozen=True)
+class EngineArgs:
+    # --- model and loading
+    model_path: str | None = _opt(None, "GGUF file, Hugging Face directory, or empty for the default model")
+    load_format: str = _opt("auto", "how to load weights", ("auto", "gguf", "safetensors", "dummy"))
+    dummy_shape: str = _opt("smollm2-135m", "named shape for --load-format dummy")
+    dtype: str = _opt("auto", "compute dtype", ("auto", "float32", "bfloat16", "float16"))
+    device: str = _opt("auto", "cpu, cuda or auto", ("auto", "cpu", "cuda"))
+    context_length: int | None = _opt(None, "override the model's context length")
+    served_model_name: str | None = _opt(None, "model name reported by the API")
+    random_seed: int = _opt(0, "seed for weights of dummy models and unseeded sampling")
+    attention_backend: str = _opt("auto", "attention kernels", ("auto", "torch_ref", "triton", "flashinfer"))
+    # --- memory and cache
+    mem_fraction_static: float | None = _opt(None, "fraction of device memory for weights + KV pool")
+    max_total_tokens: int | None = _opt(None, "KV pool size in tokens (overrides the memory budget)")
+    disable_radix_cache: bool = _opt(False, "do not reuse prefixes across requests")
+    kv_cache_dtype: str = _opt("auto", "KV cache dtype", ("auto", "fp8_e4m3"))
+    # --- scheduling
+    max_running_requests: int | None = _opt(None, "cap on requests decoding at once")
+    chunked_prefill_size: int | None = _opt(None, "max new tokens of one request per prefill pass")
+    max_prefill_tokens: int = _opt(16384, "token budget of one prefill batch")
+    schedule_policy: str = _opt("fcfs", "waiting-queue order", ("fcfs", "lpm"))
+    schedule_conservativeness: float = _opt(1.0, "scales the initial new-token ratio")
+    enable_mixed_chunk: bool = _opt(False, "run decode rows in the same pass as a prefill chunk")
+    enable_priority_scheduling: bool = _opt(False, "order by request priority and preempt lower ones")
+    priority_preemption_threshold: int = _opt(10, "min priority gap for a waiting request to preempt")
+    disable_overlap_schedule: bool = _opt(False, "process step N's results before launching step N+1")
+    enable_deterministic_inference: bool = _opt(False, "batch-invariant kernels: same text in any batch")
+    stream_interval: int = _opt(1, "send streaming output every N tokens")
+    log_interval: int = _opt(40, "decode steps between two log lines")
+    # --- grammars
+    grammar_backend: str = _opt("xgrammar", "constrained decoding backend", ("xgrammar", "llguidance", "outlines", "none"))
+    grammar_compile_timeout: float = _opt(30.0, "seconds before a grammar compile fails its request")
+    enable_jump_forward: bool = _opt(False, "append grammar-forced text without a forward per token")
+    # --- speculative decoding
+    speculative_algorithm: str | None = _opt(None, "speculative decoding", (None, "EAGLE", "NGRAM"))
+    speculative_draft_model_path: str | None = _opt(None, "EAGLE head (default: the shipped head)")
+    speculative_num_steps: int = _opt(3, "draft depth")
+    speculative_eagle_topk: int = _opt(1, "candidates per draft level")
+    speculative_num_draft_tokens: int = _opt(4, "tree nodes verified per step")
+    # --- server
+    host: str = _opt("127.0.0.1", "address to bind")
+    port: int = _opt(30000, "port to bind")
+    api_key: str | None = _opt(None, "bearer token required on all routes but /health and /metrics")
+    max_request_body_bytes: int = _opt(16 * 1024 * 1024, "largest request body accepted")
+    log_level: str = _opt("info", "log level", ("debug", "info", "warning", "error"))
+    log_requests: bool = _opt(False, "log every request")
+
+    def replace(self, **changes: Any) -> EngineArgs:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # ---- CLI -----------------------------------------------------------------------------
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            flag = "--" + f.name.replace("_", "-")
+            help_ = f.metadata.get("help", "")
+            choices = f.metadata.get("choices")
+            tp = _base_type(f.type)
+            if tp is bool:
+                parser.add_argument(flag, action="store_true", default=f.default, help=help_)
+                continue
+            kwargs: dict[str, Any] = {"default": f.default, "help": help_, "type": tp}
+            if choices is not None:
+                kwargs["choices"] = [c for c in choices if c is not None]
+            parser.add_argument(flag, dest=f.name, **kwargs)
+
+    @classmethod
+    def from_cli(cls, ns: argparse.Namespace) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in vars(ns).items() if k in names})
+
+    @classmethod
+    def from_kwargs(cls, model_path: str | None = None, **kwargs: Any) -> EngineArgs:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown engine option(s): {', '.join(unknown)}")
+        return cls(model_path=model_path, **kwargs)
+
+
+def _base_type(annotation: Any) -> type:
+    """'int | None' -> int; annotations are strings under ``from __future__ import annotations``."""
+    if isinstance(annotation, str):
+        head = annotation.split("|")[0].strip()
+        return {"int": int, "float": float, "bool": bool, "str": str}.get(head, str)
+    if get_origin(annotation) is Literal:
+        return type(get_args(annotation)[0])
+    return annotation if isinstance(annotation, type) else str

@@ -1,0 +1,155 @@
+"""The two types that cross from the scheduler to the executor (DESIGN.md §5).
+
+The scheduler builds a :class:`ForwardInput` from host tensors only (it never creates device
+tensors); the model runner moves it to the device with one copy and returns a
+:class:`ForwardOutput`. Nothing else crosses this boundary.
+
+Layout of one batch of ``B`` requests with ``T`` new tokens in total::
+
+    request r:  prefix_lens[r] cached tokens | extend_lens[r] new tokens
+    flat token axis (T = sum(extend_lens)):  [ r0 new tokens | r1 new tokens | ... ]
+    seq_lens[r] = prefix_lens[r] + extend_lens[r]
+    req_to_token[req_pool_indices[r], 0:seq_lens[r]] -> KV slots of request r
+    out_slots[t] = req_to_token[req, positions[t]]   (where token t's K/V is written)
+
+A decode batch is the special case ``extend_lens == 1``.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import torch
+
+
+class ForwardMode(enum.IntEnum):
+    EXTEND = 1  # prefill / chunked prefill / mixed (decode rows have extend_len 1)
+    DECODE = 2  # one new token per request
+    IDLE = 3  # nothing to run (kept for symmetry with multi-rank setups)
+
+
+@dataclass
+class SamplingInfo:
+    """Per-row sampling tensors, host side, shape ``[B]`` unless noted.
+
+    ``is_greedy_all`` lets the sampler take the argmax fast path without inspecting tensors.
+    Penalties and logit bias are optional; ``None`` means no request in the batch uses them.
+    """
+
+    temperatures: torch.Tensor  # [B] float32; 0 means greedy
+    top_ps: torch.Tensor  # [B] float32
+    top_ks: torch.Tensor  # [B] int64; -1 / vocab means off
+    min_ps: torch.Tensor  # [B] float32
+    seeds: torch.Tensor | None = None  # [B] int64; -1 = unseeded
+    steps: torch.Tensor | None = None  # [B] int64 tokens generated so far (seeded RNG stream position)
+    is_greedy_all: bool = False
+    # Penalties over tokens generated so far ([B, V] counts built from output ids), or None.
+    frequency_penalties: torch.Tensor | None = None  # [B]
+    presence_penalties: torch.Tensor | None = None  # [B]
+    repetition_penalties: torch.Tensor | None = None  # [B]
+    output_token_counts: torch.Tensor | None = None  # [B, V] int32
+    logit_bias: torch.Tensor | None = None  # [B, V] float32
+    # Tokens that may not be sampled yet (min_new_tokens not reached): [B, V] bool or None.
+    banned_mask: torch.Tensor | None = None
+    # Grammar bitmask, int32 [B, ceil(V/32)]: bit j of word w allows token 32*w + j. None = free.
+    vocab_mask: torch.Tensor | None = None
+
+
+@dataclass
+class LogprobRequest:
+    """What a request wants back beyond its sampled token (None on ForwardInput = nothing)."""
+
+    return_logprob: torch.Tensor  # [B] bool: output logprob of the sampled token
+    top_logprobs_nums: list[int]  # per request, 0 = none
+    token_ids_logprob: list[list[int] | None]  # per request
+    # Input logprobs: for request r, logprobs of its new tokens at extend offsets
+    # >= input_logprob_starts[r] (-1 = none). Offsets are within this pass's new tokens.
+    input_logprob_starts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ForwardInput:
+    mode: ForwardMode
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64
+    out_slots: torch.Tensor  # [T] int64, KV slot written by each new token
+    req_pool_indices: torch.Tensor  # [B] int64, rows of req_to_token
+    seq_lens: torch.Tensor  # [B] int64
+    prefix_lens: torch.Tensor  # [B] int64
+    extend_lens: torch.Tensor  # [B] int64
+    sampling: SamplingInfo
+    logprobs: LogprobRequest | None = None
+    # Rows whose sampled token is thrown away (a chunked prefill that is not finished yet).
+    # They are still sampled so shapes stay static; the scheduler ignores their token.
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.req_pool_indices.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = True) -> ForwardInput:
+        """Copy every tensor to ``device`` (host buffers should be pinned for a real async copy)."""
+
+        def mv(x):
+            return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
+
+        s = self.sampling
+        sampling = SamplingInfo(**{k: mv(v) for k, v in vars(s).items()})
+        lp = self.logprobs
+        if lp is not None:
+            lp = LogprobRequest(
+                return_logprob=mv(lp.return_logprob),
+                top_logprobs_nums=lp.top_logprobs_nums,
+                token_ids_logprob=lp.token_ids_logprob,
+                input_logprob_starts=lp.input_logprob_starts,
+            )
+        return ForwardInput(
+            mode=self.mode,
+            input_ids=mv(self.input_ids),
+            positions=mv(self.positions),
+            out_slots=mv(self.out_slots),
+            req_pool_indices=mv(self.req_pool_indices),
+            seq_lens=mv(self.seq_lens),
+            prefix_lens=mv(self.prefix_lens),
+            extend_lens=mv(self.extend_lens),
+            sampling=sampling,
+            logprobs=lp,
+        )
+
+
+@dataclass
+class TokenLogprobs:
+    """Logprob results for one request in one forward pass (host side, plain Python)."""
+
+    output_logprob: float | None = None  # logprob of the sampled token
+    output_top: list[tuple[int, float]] | None = None  # top-k (token, logprob) at the sampled step
+    output_token_ids: list[tuple[int, float]] | None = None  # requested ids (token, logprob)
+    # Input logprobs for the requested new tokens: entry i is the logprob of new token
+    # (start + i) given everything before it; the first position of a sequence has None.
+    input_logprobs: list[float | None] | None = None
+    input_top: list[list[tuple[int, float]]] | None = None
+    input_token_ids: list[list[tuple[int, float]]] | None = None
+
+
+@dataclass
+class ForwardOutput:
+    """Result of one forward pass plus sampling.
+
+    ``next_token_ids`` stays on the device (the overlap loop feeds it to the next step without a
+    host sync); ``copy_done`` fires once ``next_token_ids_cpu`` is valid to read.
+    """
+
+    next_token_ids: torch.Tensor  # [B] int64, device
+    next_token_ids_cpu: torch.Tensor  # [B] int64, host (valid after copy_done)
+    copy_done: torch.cuda.Event | None = None  # None on CPU: already valid
+    logprobs: list[TokenLogprobs] | None = None  # per request, when asked
+    hidden_states: torch.Tensor | None = None  # [T, H] for speculative drafting, when asked
+
+    def synchronize(self) -> list[int]:
+        if self.copy_done is not None:
+            self.copy_done.synchronize()
+        return self.next_token_ids_cpu.tolist()

@@ -1,0 +1,20 @@
+"""Maps the top-level folders into the ``phloem`` namespace (see DESIGN.md §1)."""
+
+from setuptools import find_packages, setup
+
+ROOTS = {
+    "phloem": "phloem",
+    "phloem.lang": "lang",
+    "phloem.runtime": "runtime",
+    "phloem.grammars": "grammars",
+    "phloem.bench": "benchmarks",
+}
+# Benchmark results and peer launch scripts stay out of the wheel.
+EXCLUDE = ["peers", "peers.*", "results", "results.*", "tests", "tests.*"]
+
+packages: list[str] = []
+for name, folder in ROOTS.items():
+    packages.append(name)
+    packages += [f"{name}.{sub}" for sub in find_packages(folder, exclude=EXCLUDE)]
+
+setup(packages=packages, package_dir=dict(ROOTS))
