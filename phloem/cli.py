@@ -1,0 +1,89 @@
+"""``phloem`` command line: serve, generate, bench, train-eagle.
+
+Engine flags are generated from ``EngineArgs`` fields, so ``phloem serve --help`` lists every
+option with the same names the ``Engine(**config)`` keywords use.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _engine_parser(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
+    from phloem.runtime.config import EngineArgs
+
+    p = sub.add_parser(name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    EngineArgs.add_cli_args(p)
+    return p
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="phloem", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    _engine_parser(sub, "serve", "start the HTTP server")
+
+    g = _engine_parser(sub, "generate", "generate one completion and print it")
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--stream", action="store_true", help="print tokens as they arrive")
+
+    b = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    b.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def cmd_generate(ns: argparse.Namespace) -> int:
+    from phloem.runtime.config import EngineArgs
+    from phloem.runtime.engine import Engine
+
+    args = EngineArgs.from_cli(ns)
+    if args.log_level == "info":
+        args = args.replace(log_level="warning")
+    with Engine(**args.to_dict()) as engine:
+        prompt = ns.prompt
+        if ns.chat:
+            prompt = engine.tm.tokenizer.apply_chat_template([{"role": "user", "content": prompt}])
+        params = {"max_new_tokens": ns.max_new_tokens, "temperature": ns.temperature, "top_p": ns.top_p}
+        if ns.stream:
+            shown = 0
+            for chunk in engine.generate(prompt, sampling_params=params, stream=True):
+                sys.stdout.write(chunk["text"][shown:])
+                sys.stdout.flush()
+                shown = len(chunk["text"])
+            sys.stdout.write("\n")
+            return 0
+        out = engine.generate(prompt, sampling_params=params)
+        reason = out["meta_info"]["finish_reason"]
+        if reason and reason.get("type") == "abort":
+            print(f"error: {reason.get('message')}", file=sys.stderr)
+            return 1
+        print(out["text"])
+    return 0
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    from phloem.runtime.config import EngineArgs
+    from phloem.runtime.server.app import run_server
+
+    return int(run_server(EngineArgs.from_cli(ns)) or 0)
+
+
+def cmd_bench(ns: argparse.Namespace) -> int:
+    from phloem.bench.cli import main as bench_main
+
+    return int(bench_main(ns.rest) or 0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench}
+    return handlers[ns.command](ns)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

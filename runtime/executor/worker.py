@@ -1,0 +1,104 @@
+"""Runs forward passes for the scheduler, in line or on a worker thread (the overlap loop).
+
+The scheduler hands over a ``ForwardInput`` whose input ids may be *futures*: a negative id ``-k``
+means "the token sampled into future slot ``k`` by an earlier step", which lets the scheduler
+launch step N+1 before it has looked at step N's tokens. Steps run strictly in submission order,
+so by the time step N+1 resolves its futures, step N has stored them.
+
+On a GPU the same contract maps to a CUDA stream (the future buffer lives on the device and the
+resolve is a ``torch.where``); on the CPU the thread gives the overlap: the scheduler does its
+bookkeeping while the thread runs the model.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import Future
+from typing import Any
+
+import torch
+
+from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput
+
+
+class FutureMap:
+    """Ring buffer of sampled tokens, indexed by the positive future ids the scheduler hands out."""
+
+    def __init__(self, size: int, device: torch.device | str = "cpu") -> None:
+        self.size = size
+        self.buf = torch.zeros(size + 1, dtype=torch.int64, device=device)  # index 0 unused
+        self._next = 1
+
+    def reserve(self, n: int) -> torch.Tensor:
+        """Future ids for the ``n`` rows of a step about to be launched (scheduler side)."""
+        if self._next + n > self.size + 1:
+            self._next = 1
+        ids = torch.arange(self._next, self._next + n, dtype=torch.int64)
+        self._next += n
+        return ids
+
+    def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
+        # [T]: negative ids are futures
+        if not bool((input_ids < 0).any()):
+            return input_ids
+        return torch.where(input_ids < 0, self.buf[(-input_ids).clamp(min=0)], input_ids)
+
+    def store(self, future_ids: torch.Tensor, tokens: torch.Tensor) -> None:
+        self.buf[future_ids.to(self.buf.device)] = tokens.to(self.buf.device)
+
+
+class InlineWorker:
+    """Runs each step at once on the calling thread (``--disable-overlap-schedule``)."""
+
+    def __init__(self, runner: Any, future_map: FutureMap) -> None:
+        self.runner = runner
+        self.future_map = future_map
+
+    def submit(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> Future[ForwardOutput]:
+        fut: Future[ForwardOutput] = Future()
+        try:
+            fut.set_result(self._run(fi, future_ids))
+        except BaseException as e:  # surfaced to the scheduler through the future
+            fut.set_exception(e)
+        return fut
+
+    def _run(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> ForwardOutput:
+        fi.input_ids = self.future_map.resolve(fi.input_ids)
+        out = self.runner.forward(fi)
+        if future_ids is not None:
+            self.future_map.store(future_ids, out.next_token_ids)
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class OverlapWorker(InlineWorker):
+    """Runs steps on a dedicated thread, in submission order."""
+
+    def __init__(self, runner: Any, future_map: FutureMap) -> None:
+        super().__init__(runner, future_map)
+        self._q: queue.Queue[Any] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="phloem-forward", daemon=True)
+        self._thread.start()
+
+    def submit(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> Future[ForwardOutput]:
+        fut: Future[ForwardOutput] = Future()
+        self._q.put((fi, future_ids, fut))
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fi, future_ids, fut = item
+            try:
+                fut.set_result(self._run(fi, future_ids))
+            except BaseException as e:
+                fut.set_exception(e)
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=5)

@@ -1,0 +1,118 @@
+"""Spawns the scheduler and detokenizer processes, waits for them, and watches them.
+
+``launch_engine`` is shared by ``phloem serve`` and the in-process ``Engine``: it resolves the
+model, loads the tokenizer in this process, starts both children (spawn, never fork: torch and
+ZMQ state must not be inherited), and returns a started ``TokenizerManager`` plus a handle that
+shuts everything down. A watchdog marks the manager broken within about a second of a child's
+death, which fails every pending request with an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from phloem.runtime.config import EngineArgs
+from phloem.runtime.ipc import IpcPaths
+from phloem.runtime.tokenizer.manager import TokenizerManager
+
+logger = logging.getLogger("phloem.launch")
+
+WATCHDOG_INTERVAL_S = 0.5
+
+
+@dataclass
+class EngineProcesses:
+    ipc: IpcPaths
+    procs: list[Any] = field(default_factory=list)
+
+    def all_alive(self) -> bool:
+        return all(p.is_alive() for p in self.procs)
+
+    def dead(self) -> list[str]:
+        return [f"{p.name} (exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
+
+    def terminate(self, timeout: float = 5.0) -> None:
+        for p in self.procs:
+            p.join(timeout=timeout if p.is_alive() else 0)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=2)
+            if p.is_alive():
+                p.kill()
+        self.ipc.cleanup()
+
+
+def start_processes(args: EngineArgs, model_source: Any) -> EngineProcesses:
+    from phloem.runtime.scheduler.process import run_scheduler_process
+    from phloem.runtime.tokenizer.detokenizer_process import run_detokenizer_process
+
+    ctx = mp.get_context("spawn")
+    ipc = IpcPaths.fresh()
+    me = os.getpid()
+    sched = ctx.Process(
+        target=run_scheduler_process, args=(args, ipc, me), name="phloem-scheduler", daemon=True
+    )
+    detok = ctx.Process(
+        target=run_detokenizer_process,
+        args=(model_source, ipc, me, args.log_level),
+        name="phloem-detokenizer",
+        daemon=True,
+    )
+    sched.start()
+    detok.start()
+    return EngineProcesses(ipc=ipc, procs=[sched, detok])
+
+
+async def launch_engine(args: EngineArgs) -> tuple[TokenizerManager, EngineProcesses]:
+    """Start the children and a ``TokenizerManager`` on the running loop; wait until ready."""
+    from phloem.runtime.model_files import resolve_model
+    from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+
+    source = resolve_model(args.model_path, args.load_format)
+    tokenizer = load_tokenizer(source)
+    procs = start_processes(args, source)
+    model_info = {
+        "model_path": str(source.path) if source.path else args.dummy_shape,
+        "tokenizer_path": str(source.path) if source.path else None,
+        "served_model_name": args.served_model_name or _default_name(source),
+        "is_generation": True,
+        "chat_template": tokenizer.chat_template,
+        "eos_token_ids": sorted(tokenizer.eos_token_ids),
+        "bos_token_id": tokenizer.bos_token_id,
+        "vocab_size": tokenizer.vocab_size,
+        "context_length": 0,
+    }
+    tm = TokenizerManager(args, tokenizer=tokenizer, ipc=procs.ipc, model_info=model_info)
+    try:
+        # context_length and vocab size come from the scheduler's Ready (it loaded the model).
+        tm.context_len = 1 << 30
+        await tm.start(children_alive=procs.all_alive)
+    except BaseException:
+        procs.terminate(timeout=1)
+        raise
+    info = tm.scheduler_info
+    tm.context_len = int(info["context_length"])
+    tm.vocab_size = int(info["vocab_size"])
+    model_info.update(context_length=tm.context_len, vocab_size=tm.vocab_size)
+    tm._tasks.append(asyncio.create_task(_watchdog(tm, procs)))
+    return tm, procs
+
+
+async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:
+    while True:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        if not procs.all_alive() and tm.health() != "shutting_down":
+            tm.mark_broken("child process died: " + ", ".join(procs.dead()))
+            return
+
+
+def _default_name(source: Any) -> str:
+    path = getattr(source, "path", None)
+    if path is None:
+        return "dummy"
+    return os.path.basename(str(path)).removesuffix(".gguf")

@@ -1,0 +1,152 @@
+"""Typed IPC messages between the three processes, grouped by receiver (DESIGN.md §2).
+
+Channels (all ZMQ PUSH -> PULL over ``ipc://`` sockets made by ``launch.py``)::
+
+    sender               receiver          messages
+    TokenizerManager  -> scheduler         ToScheduler (generate, abort, flush, stats, weights, shutdown)
+    scheduler         -> detokenizer       ToDetokenizer (BatchTokenOut)
+    detokenizer       -> TokenizerManager  ToTokenizerManager (BatchStrOut, Ready)
+    scheduler         -> TokenizerManager  ToTokenizerManager (Ready, control replies, SchedulerStats)
+
+Every message is a ``msgspec.Struct`` with a tag; each receiver decodes the union of what it may
+receive. No pickle crosses a process boundary.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import msgspec
+
+# ---------------------------------------------------------------------------- to the scheduler
+
+
+class TokenizedGenerateReq(msgspec.Struct, tag=True, kw_only=True):
+    rid: str
+    input_ids: list[int]
+    sampling: dict[str, Any]  # SamplingParams.to_wire()
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None
+    stream: bool = False
+    priority: int | None = None
+    extra_key: str | None = None
+    arrival_time: float = 0.0
+
+
+class AbortReq(msgspec.Struct, tag=True, kw_only=True):
+    rid: str | None = None
+    abort_all: bool = False
+    message: str = "aborted by request"
+
+
+class FlushCacheReq(msgspec.Struct, tag=True, kw_only=True):
+    req_id: int
+
+
+class GetStatsReq(msgspec.Struct, tag=True, kw_only=True):
+    req_id: int
+
+
+class UpdateWeightsReq(msgspec.Struct, tag=True, kw_only=True):
+    req_id: int
+    model_path: str | None = None
+    # Same-host tensor update: a path to a safetensors file the caller wrote.
+    tensor_file: str | None = None
+
+
+class ShutdownReq(msgspec.Struct, tag=True, kw_only=True):
+    pass
+
+
+ToScheduler = Union[TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq, UpdateWeightsReq, ShutdownReq]
+
+# ---------------------------------------------------------------------------- to the detokenizer
+
+
+class ReqOutInit(msgspec.Struct, kw_only=True):
+    """Sent with a request's first output: how the detokenizer must decode it."""
+
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    stop_strs: list[str] = []
+    stream: bool = False
+    no_stop_trim: bool = False
+
+
+class ReqTokenOut(msgspec.Struct, kw_only=True):
+    """New output of one request since its previous ReqTokenOut."""
+
+    rid: str
+    new_ids: list[int]
+    finished: dict[str, Any] | None = None  # finish_reason wire dict
+    init: ReqOutInit | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    # [logprob, token_id] pairs; top lists are [[logprob, token_id], ...] per position.
+    output_logprobs: list[list[Any]] | None = None
+    output_top_logprobs: list[list[list[Any]]] | None = None
+    output_token_ids_logprobs: list[list[list[Any]]] | None = None
+    input_logprobs: list[list[Any]] | None = None
+    input_top_logprobs: list[list[list[Any]]] | None = None
+    input_token_ids_logprobs: list[list[list[Any]]] | None = None
+    spec: dict[str, Any] | None = None
+
+
+class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
+    outs: list[ReqTokenOut]
+
+
+ToDetokenizer = Union[BatchTokenOut, ShutdownReq]
+
+# ---------------------------------------------------------------------------- to the tokenizer manager
+
+
+class ReqStrOut(msgspec.Struct, kw_only=True):
+    """ReqTokenOut plus the newly decoded text."""
+
+    out: ReqTokenOut
+    text: str  # new text since the previous ReqStrOut of this rid
+
+
+class BatchStrOut(msgspec.Struct, tag=True, kw_only=True):
+    outs: list[ReqStrOut]
+
+
+class Ready(msgspec.Struct, tag=True, kw_only=True):
+    who: str  # "scheduler" | "detokenizer"
+    info: dict[str, Any] = {}
+    error: str | None = None  # startup failed: why
+
+
+class ControlReply(msgspec.Struct, tag=True, kw_only=True):
+    req_id: int
+    ok: bool
+    message: str = ""
+    data: dict[str, Any] = {}
+
+
+class SchedulerStats(msgspec.Struct, tag=True, kw_only=True):
+    """Periodic live stats for /metrics and get_server_info (counters are cumulative)."""
+
+    stats: dict[str, float]
+
+
+ToTokenizerManager = Union[BatchStrOut, Ready, ControlReply, SchedulerStats]
+
+
+class Codec:
+    """Encode any message; decode the union one receiver accepts."""
+
+    def __init__(self, receives: Any) -> None:
+        self._enc = msgspec.msgpack.Encoder()
+        self._dec = msgspec.msgpack.Decoder(receives)
+
+    def encode(self, msg: msgspec.Struct) -> bytes:
+        return self._enc.encode(msg)
+
+    def decode(self, data: bytes) -> Any:
+        return self._dec.decode(data)

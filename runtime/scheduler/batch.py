@@ -1,0 +1,96 @@
+"""Builds the ``ForwardInput`` of one step from the requests in it (host tensors only)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
+from phloem.runtime.scheduler.req import Req
+
+
+@dataclass
+class ScheduledBatch:
+    """One launched step: its requests and what each row means for result processing."""
+
+    mode: ForwardMode
+    reqs: list[Req]
+    # Rows whose sampled token is discarded (a prefill chunk that does not end the prompt,
+    # or a prefill-only request).
+    discard: list[bool] = field(default_factory=list)
+    chunk: list[bool] = field(default_factory=list)  # rows that are a non-final prefill chunk
+    extend_lens: list[int] = field(default_factory=list)
+    prefix_lens: list[int] = field(default_factory=list)
+    # Rows that asked for input logprobs in this pass, with the absolute start position.
+    input_logprob_from: list[int] = field(default_factory=list)
+    future_ids: torch.Tensor | None = None
+    grammar_rows: list[int] = field(default_factory=list)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.mode == ForwardMode.EXTEND
+
+
+def build_forward_input(
+    batch: ScheduledBatch,
+    *,
+    req_to_token: torch.Tensor,
+    input_ids: Sequence[int],
+    sampling: SamplingInfo,
+) -> ForwardInput:
+    """Flatten the batch. ``input_ids`` are the new tokens of every row in order (futures are
+    negative); positions and output slots come from each request's ``kv_len`` before this step."""
+    prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
+    extend = torch.tensor(batch.extend_lens, dtype=torch.int64)
+    rows = torch.tensor([r.req_pool_idx for r in batch.reqs], dtype=torch.int64)
+    # positions: for row r, prefix[r] .. prefix[r] + extend[r] - 1
+    starts = torch.repeat_interleave(prefix, extend)
+    offsets = torch.arange(int(extend.sum()), dtype=torch.int64) - torch.repeat_interleave(
+        torch.cumsum(extend, 0) - extend, extend
+    )
+    positions = starts + offsets
+    row_per_token = torch.repeat_interleave(rows, extend)
+    out_slots = req_to_token[row_per_token, positions]
+    logprobs = _logprob_request(batch)
+    return ForwardInput(
+        mode=batch.mode,
+        input_ids=torch.tensor(input_ids, dtype=torch.int64),
+        positions=positions,
+        out_slots=out_slots,
+        req_pool_indices=rows,
+        seq_lens=prefix + extend,
+        prefix_lens=prefix,
+        extend_lens=extend,
+        sampling=sampling,
+        logprobs=logprobs,
+    )
+
+
+def _logprob_request(batch: ScheduledBatch) -> LogprobRequest | None:
+    if not any(r.return_logprob for r in batch.reqs):
+        return None
+    starts = []
+    for i, r in enumerate(batch.reqs):
+        frm = batch.input_logprob_from[i] if batch.input_logprob_from else -1
+        starts.append(frm - batch.prefix_lens[i] if frm >= 0 else -1)
+    return LogprobRequest(
+        return_logprob=torch.tensor([r.return_logprob for r in batch.reqs], dtype=torch.bool),
+        top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in batch.reqs],
+        token_ids_logprob=[r.token_ids_logprob if r.return_logprob else None for r in batch.reqs],
+        input_logprob_starts=starts,
+    )
+
+
+def gather_new_tokens(batch: ScheduledBatch, token_of: Callable[[Req], int]) -> list[int]:
+    """Input ids of every row: the slice of ``fill_ids`` being computed, except for a decode row
+    whose last token is still in flight: ``token_of(req)`` gives its future id."""
+    ids: list[int] = []
+    for i, r in enumerate(batch.reqs):
+        if r.pending_outputs:
+            ids.append(token_of(r))
+        else:
+            start = batch.prefix_lens[i]
+            ids.extend(r.fill_ids[start : start + batch.extend_lens[i]])
+    return ids

@@ -1,0 +1,129 @@
+"""Assembles a ``Scheduler`` and its collaborators from ``EngineArgs`` (scheduler process only).
+
+Each collaborator receives only what it needs; ``EngineArgs`` stops here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from phloem.runtime.config import EngineArgs
+from phloem.runtime.scheduler.output import OutputCollector
+from phloem.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
+
+logger = logging.getLogger("phloem.scheduler")
+
+
+@dataclass
+class SchedulerRuntime:
+    """What the process loop needs besides the Scheduler itself."""
+
+    runner: Any
+    tokenizer: Any
+    cache: Any
+    eos_token_ids: set[int]
+    info: dict[str, Any]
+
+
+def default_chunked_prefill_size(device_type: str) -> int:
+    # CPU passes are slow: small chunks keep decode latency of running requests bounded.
+    return 512 if device_type == "cpu" else 8192
+
+
+def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[Scheduler, SchedulerRuntime]:
+    import torch
+
+    from phloem.runtime.cache.allocator import TokenSlotAllocator
+    from phloem.runtime.cache.cache_manager import CacheManager
+    from phloem.runtime.cache.radix_tree import RadixTree
+    from phloem.runtime.executor.model_runner import ModelRunner
+    from phloem.runtime.executor.worker import FutureMap, InlineWorker, OverlapWorker
+    from phloem.runtime.model_files import resolve_model
+    from phloem.runtime.sampling.batch import SamplingBatchBuilder
+    from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+
+    torch.manual_seed(args.random_seed)
+    source = resolve_model(args.model_path, args.load_format, dummy_shape=args.dummy_shape)
+    tokenizer = load_tokenizer(source)
+    runner = ModelRunner(
+        source,
+        dtype=args.dtype,
+        device=args.device,
+        attention_backend=args.attention_backend,
+        max_total_tokens=args.max_total_tokens,
+        mem_fraction_static=args.mem_fraction_static,
+        max_running_requests=args.max_running_requests,
+        context_len=args.context_length,
+        seed=args.random_seed,
+    )
+    pool_rows = runner.req_to_token_pool
+    allocator = TokenSlotAllocator(runner.kv_pool.size)
+    tree = None if args.disable_radix_cache else RadixTree()
+    cache = CacheManager(allocator=allocator, req_to_token=pool_rows.req_to_token, tree=tree)
+    chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type)
+    if chunk <= 0:
+        chunk = None
+    max_running = min(args.max_running_requests or runner.max_running_requests, pool_rows.size)
+    cfg = SchedulerConfig(
+        max_running_requests=max_running,
+        max_prefill_tokens=args.max_prefill_tokens,
+        chunked_prefill_size=chunk,
+        schedule_policy=args.schedule_policy,
+        schedule_conservativeness=args.schedule_conservativeness,
+        enable_mixed_chunk=args.enable_mixed_chunk,
+        enable_priority_scheduling=args.enable_priority_scheduling,
+        priority_preemption_threshold=args.priority_preemption_threshold,
+        overlap=not args.disable_overlap_schedule,
+        stream_interval=args.stream_interval,
+        log_interval=args.log_interval,
+    )
+    future_map = FutureMap(4 * max_running + 8, device=runner.device)
+    worker = OverlapWorker(runner, future_map) if cfg.overlap else InlineWorker(runner, future_map)
+    eos = set(tokenizer.eos_token_ids)
+    sampling = SamplingBatchBuilder(runner.vocab_size, eos_token_ids=eos, pin_memory=runner.device.type == "cuda")
+    grammar = _grammar_queue(args, tokenizer, runner.vocab_size, eos)
+    scheduler = Scheduler(
+        cfg,
+        cache=cache,
+        req_pool=pool_rows,
+        worker=worker,
+        sampling=sampling,
+        outputs=OutputCollector(send, stream_interval=args.stream_interval),
+        grammar=grammar,
+    )
+    info = {
+        "max_total_num_tokens": runner.max_total_num_tokens,
+        "chunked_prefill_size": chunk,
+        "max_running_requests": max_running,
+        "max_prefill_tokens": args.max_prefill_tokens,
+        "context_length": runner.context_len,
+        "vocab_size": runner.vocab_size,
+        "dtype": str(runner.dtype).removeprefix("torch."),
+        "device": str(runner.device),
+        "attention_backend": runner.attention_backend_name,
+        "available_mem_gb": round(getattr(runner, "available_mem_bytes", 0) / 2**30, 2),
+    }
+    logger.info(
+        "max_total_num_tokens=%d, chunked_prefill_size=%s, max_running_requests=%d, context_len=%d, "
+        "available_mem=%.2f GB",
+        info["max_total_num_tokens"], chunk, max_running, info["context_length"], info["available_mem_gb"],
+    )  # fmt: skip
+    runtime = SchedulerRuntime(runner=runner, tokenizer=tokenizer, cache=cache, eos_token_ids=eos, info=info)
+    return scheduler, runtime
+
+
+def _grammar_queue(args: EngineArgs, tokenizer: Any, vocab_size: int, eos: set[int]) -> Any:
+    if args.grammar_backend == "none":
+        return None
+    from phloem.runtime.scheduler.grammar_queue import GrammarQueue
+
+    return GrammarQueue(
+        backend_name=args.grammar_backend,
+        tokenizer=tokenizer,
+        vocab_size=vocab_size,
+        stop_token_ids=eos,
+        compile_timeout=args.grammar_compile_timeout,
+    )

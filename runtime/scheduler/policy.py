@@ -1,0 +1,96 @@
+"""Waiting-queue order, sibling deferral, retraction order and the new-token ratio (DESIGN.md §4).
+
+Everything here is a pure function of requests and numbers, so each rule has a unit test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from phloem.runtime.scheduler.req import Req
+
+LPM_FALLBACK_QUEUE_LEN = 128
+SIBLING_MIN_SHARED = 32
+RETRACT_DECODE_STEPS = 20
+
+
+def order_waiting(
+    waiting: list[Req],
+    *,
+    policy: str,
+    prefix_len_of: Callable[[Req], int],
+    use_priority: bool,
+) -> list[Req]:
+    """Return the waiting requests in admission order.
+
+    ``fcfs``: arrival order. ``lpm``: longest cached prefix first (``prefix_len_of`` matches the
+    tree), falling back to fcfs when more than 128 wait since matching them all costs more than it
+    saves. With priorities, higher ``priority`` goes first and the policy orders within a level.
+    """
+    reqs = list(waiting)
+    if policy == "lpm" and len(reqs) <= LPM_FALLBACK_QUEUE_LEN:
+        lens = {id(r): prefix_len_of(r) for r in reqs}
+        reqs.sort(key=lambda r: (-lens[id(r)], r.arrival_time))
+    else:
+        reqs.sort(key=lambda r: r.arrival_time)
+    if use_priority:
+        reqs.sort(key=lambda r: -r.priority)  # stable: keeps the policy order inside a level
+    return reqs
+
+
+def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int:
+    n = min(len(a), len(b))
+    i = start
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def should_defer_sibling(req: Req, admitted: Sequence[Req]) -> bool:
+    """True when ``req`` shares an uncached prefix of 32+ tokens with a request admitted in this
+    round: it waits one round so it reads the shared part from the tree instead of computing it
+    twice (n > 1, fork children, a batch with a common stem)."""
+    ids = req.fill_ids
+    for other in admitted:
+        shared = common_prefix_len(ids, other.fill_ids, start=req.prefix_len)
+        if shared - req.prefix_len >= SIBLING_MIN_SHARED:
+            return True
+    return False
+
+
+def retraction_order(running: Sequence[Req]) -> list[Req]:
+    """Requests in the order they are retracted: least output first, then longer input (it has
+    the most KV to give back and its prompt is likely to stay in the tree)."""
+    return sorted(running, key=lambda r: (len(r.output_ids), -r.prompt_len))
+
+
+def ratio_after_retraction(remaining: Sequence[Req]) -> float:
+    """New-token ratio after a retraction: what the survivors have decoded plus a 20-step
+    headroom each, over their total ``max_new_tokens``, capped at 1.0."""
+    decoded = sum(len(r.output_ids) for r in remaining)
+    total_max = sum(r.params.max_new_tokens for r in remaining)
+    if total_max <= 0:
+        return 1.0
+    return min(1.0, (decoded + RETRACT_DECODE_STEPS * len(remaining)) / total_max)
+
+
+class NewTokenRatio:
+    """The forecast ratio: starts at 0.7 x conservativeness, decays linearly each decode step to a
+    floor reached after about 600 steps, jumps up after a retraction."""
+
+    DECAY_STEPS = 600
+
+    def __init__(self, conservativeness: float = 1.0) -> None:
+        self.init = min(0.7 * conservativeness, 1.0)
+        self.floor = self.init * 0.2
+        self.decay = (self.init - self.floor) / self.DECAY_STEPS
+        self.value = self.init
+
+    def step(self) -> None:
+        self.value = max(self.value - self.decay, self.floor)
+
+    def reset(self) -> None:
+        self.value = self.init
+
+    def raise_to(self, value: float) -> None:
+        self.value = max(self.value, min(value, 1.0))

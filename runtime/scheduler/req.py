@@ -1,0 +1,118 @@
+"""A request as the scheduler sees it: token ids, lengths, cache handles and output bookkeeping.
+
+Length counters (all in tokens)::
+
+    origin_input_ids            output_ids (processed)
+    |------------------------------|----------------|
+    |<- prefix_len ->|                                    shared with the radix tree (locked)
+    |<------------- kv_len -------------------->|         KV computed or being computed
+                                                          (row req_to_token[req_pool_idx, :kv_len])
+
+``kv_len`` runs ahead of ``len(fill_ids)`` by one while a decode step is in flight in overlap mode
+(its input token is the not-yet-processed output of the previous step).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from phloem.runtime.sampling.params import SamplingParams
+from phloem.runtime.sampling.stop import FinishReason, StopChecker
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    params: SamplingParams
+    stop_checker: StopChecker
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    token_ids_logprob: list[int] | None = None
+    stream: bool = False
+    priority: int = 0
+    extra_key: str | None = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    output_ids: list[int] = field(default_factory=list)
+    # --- cache state (owned by the scheduler through the CacheManager)
+    req_pool_idx: int | None = None
+    kv_len: int = 0
+    match: Any = None  # cache Match from the last lookup while waiting (not locked)
+    handle: Any = None  # CacheHandle while admitted (holds the tree lock)
+    # --- in-flight state
+    extend_len: int = 0  # new tokens in the pass being built
+    is_chunked: bool = False  # prefill not finished: continues on the next prefill step
+    pending_outputs: int = 0  # launched steps whose token is not processed yet (overlap)
+    future_ref: int = 0  # future-map index of the newest in-flight token (overlap)
+    # --- reporting
+    cached_tokens: int = 0
+    num_retractions: int = 0
+    first_admitted: bool = False
+    finished_reason: FinishReason | None = None
+    grammar: Any = None  # GrammarMatcher or None
+    sent_output_len: int = 0  # output ids already sent to the detokenizer
+    init_sent: bool = False
+    # Logprobs accumulated since the last send: lists of wire pairs/lists.
+    out_logprobs: list[list[Any]] = field(default_factory=list)
+    out_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    out_token_ids_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    in_logprobs: list[list[Any]] = field(default_factory=list)
+    in_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    in_token_ids_logprobs: list[list[list[Any]]] = field(default_factory=list)
+    input_logprobs_done: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.origin_input_ids:
+            raise ValueError(f"request {self.rid}: empty input")
+        if self.priority is None:
+            self.priority = 0
+
+    # ------------------------------------------------------------------ derived lengths
+    @property
+    def prefix_len(self) -> int:
+        """Leading tokens shared with the tree: locked while admitted, last match while waiting."""
+        if self.handle is not None:
+            return self.handle.prefix_len
+        return self.match.length if self.match is not None else 0
+
+    @property
+    def fill_ids(self) -> list[int]:
+        """Every token whose KV a fresh prefill would compute."""
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.origin_input_ids)
+
+    @property
+    def num_outputs_launched(self) -> int:
+        """Output tokens sampled or being sampled (counts in-flight steps)."""
+        return len(self.output_ids) + self.pending_outputs
+
+    @property
+    def remaining_new_tokens(self) -> int:
+        return max(self.params.max_new_tokens - self.num_outputs_launched, 0)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len >= 0 and not self.input_logprobs_done
+
+    def match_cap(self) -> int:
+        """Longest prefix that may come from the tree: at least one token must be computed, and
+        input logprobs from ``logprob_start_len`` need the logits of the position before it."""
+        cap = len(self.fill_ids) - 1
+        if self.wants_input_logprobs:
+            cap = min(cap, max(self.logprob_start_len - 1, 0))
+        return max(cap, 0)
+
+    def finish(self, reason: FinishReason) -> None:
+        if self.finished_reason is None:
+            self.finished_reason = reason

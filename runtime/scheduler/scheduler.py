@@ -1,0 +1,600 @@
+"""The scheduler loop (DESIGN.md §4): receive, schedule, run, process.
+
+CPU bookkeeping only. The loop reads aloud::
+
+    while running:
+        receive()                      # new requests, aborts, control messages
+        batch = schedule()             # a prefill batch if the adder admits anything, else decode
+        launch(batch)                  # hand it to the worker (inline or on a thread)
+        process(previous results)      # overlap: the results of the step before this one
+
+Without overlap, ``process`` handles the step just launched. With overlap, step N+1 is launched
+before step N's tokens are looked at; N+1's inputs refer to N's tokens through future ids, and
+requests finished at N free their memory only once N+1 is done (it still reads their rows).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
+from phloem.runtime.scheduler.batch import ScheduledBatch, build_forward_input, gather_new_tokens
+from phloem.runtime.scheduler.output import OutputCollector
+from phloem.runtime.scheduler.policy import (
+    NewTokenRatio,
+    order_waiting,
+    ratio_after_retraction,
+    retraction_order,
+    should_defer_sibling,
+)
+from phloem.runtime.scheduler.prefill_adder import AddResult, PrefillAdder
+from phloem.runtime.scheduler.req import Req
+from phloem.runtime.sampling.stop import FinishReason
+
+logger = logging.getLogger("phloem.scheduler")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_running_requests: int
+    max_prefill_tokens: int
+    chunked_prefill_size: int | None
+    schedule_policy: str = "fcfs"
+    schedule_conservativeness: float = 1.0
+    enable_mixed_chunk: bool = False
+    enable_priority_scheduling: bool = False
+    priority_preemption_threshold: int = 10
+    overlap: bool = True
+    stream_interval: int = 1
+    log_interval: int = 40
+
+
+class Scheduler:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        *,
+        cache: Any,  # CacheManager
+        req_pool: Any,  # ReqToTokenPool
+        worker: Any,  # InlineWorker | OverlapWorker
+        sampling: Any,  # SamplingBatchBuilder
+        outputs: OutputCollector,
+        grammar: Any = None,  # GrammarQueue or None
+    ) -> None:
+        self.cfg = config
+        self.cache = cache
+        self.req_pool = req_pool
+        self.worker = worker
+        self.sampling = sampling
+        self.outputs = outputs
+        self.grammar = grammar
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Req | None = None
+        self.ratio = NewTokenRatio(config.schedule_conservativeness)
+        self.inflight: deque[tuple[ScheduledBatch, Future[ForwardOutput]]] = deque()
+        self.release_after_inflight: list[Req] = []
+        self.stats = SchedulerCounters()
+        self._decode_steps = 0
+        self._last_log = time.monotonic()
+        self._tokens_since_log = 0
+
+    # ================================================================== entry points
+    def add_request(self, req: Req) -> None:
+        if self.grammar is not None and req.params.grammar is not None:
+            self.grammar.add(req)  # waits there until its grammar compiles
+            return
+        self.waiting.append(req)
+
+    def abort(self, rid: str | None, *, abort_all: bool = False, message: str = "aborted") -> None:
+        reason = FinishReason.abort(message)
+        for q in (self.waiting, self.grammar.pending if self.grammar else []):
+            for req in [r for r in q if abort_all or r.rid == rid]:
+                q.remove(req)
+                req.finish(reason)
+                self._release(req)
+                self.outputs.add(req)
+        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
+            if abort_all or req.rid == rid:
+                req.finish(reason)  # leaves the batch when its in-flight step is processed
+        if not self.inflight:
+            self._drop_finished_running()
+        self.outputs.flush()
+
+    @property
+    def is_idle(self) -> bool:
+        return not (self.waiting or self.running or self.chunked or self.inflight) and not (
+            self.grammar and self.grammar.pending
+        )
+
+    def flush_cache(self) -> bool:
+        if not self.is_idle:
+            return False
+        return bool(self.cache.flush())
+
+    # ================================================================== the loop
+    def step(self) -> bool:
+        """One iteration after messages were received. Returns False when there was nothing to do."""
+        if self.grammar is not None:
+            self.waiting.extend(self.grammar.ready(self))
+        batch = self.schedule()
+        late_mask: Future[Any] | None = None
+        if batch is not None:
+            mask, late_mask = self._grammar_mask(batch)
+            self.inflight.append((batch, self.launch(batch, mask)))
+        # Without overlap: process what was just launched. With overlap: keep one step in flight.
+        keep = 1 if (self.cfg.overlap and batch is not None) else 0
+        while len(self.inflight) > keep:
+            self._process_oldest()
+        if late_mask is not None:
+            # The step just launched needed tokens of the step just processed to know its mask;
+            # its forward pass ran meanwhile and its sampler waits for this.
+            assert batch is not None
+            late_mask.set_result(self.grammar.fill_mask(batch.reqs))
+        if batch is None and not self.inflight:
+            self._release_deferred()
+            return False
+        return True
+
+    def drain(self) -> None:
+        while self.inflight:
+            self._process_oldest()
+        self._release_deferred()
+
+    # ================================================================== schedule
+    def schedule(self) -> ScheduledBatch | None:
+        batch = self._schedule_prefill()
+        if batch is not None:
+            return batch
+        return self._schedule_decode()
+
+    def _schedule_prefill(self) -> ScheduledBatch | None:
+        if not self.waiting and self.chunked is None:
+            return None
+        running_cap = self.cfg.max_running_requests - len(self.running)
+        charged = [*self.running, *([self.chunked] if self.chunked else [])]
+        adder = PrefillAdder(
+            available_tokens=self.cache.available_size,
+            running=charged,
+            new_token_ratio=self.ratio.value,
+            max_prefill_tokens=self.cfg.max_prefill_tokens,
+            chunk_size=self.cfg.chunked_prefill_size,
+            max_new_reqs=max(running_cap, 0) + (1 if self.chunked else 0),
+        )
+        if self.chunked is not None:
+            req = self.chunked
+            self.chunked = None
+            if req.finished:
+                self._finish_chunked_abort(req)
+            else:
+                adder.add_chunked(req)
+                if not self._alloc_extend(req):
+                    adder.can_run.remove(req)
+                    adder.new_chunked = None
+                    self._finish_chunked_abort(req)
+        order = order_waiting(
+            self.waiting,
+            policy=self.cfg.schedule_policy,
+            prefix_len_of=self._match,
+            use_priority=self.cfg.enable_priority_scheduling,
+        )
+        admitted_now: list[Req] = []
+        for req in order:
+            if adder.full:
+                break
+            if req.pending_outputs:  # retracted while a step was in flight: wait for its token
+                continue
+            if req.prompt_len > self.cache.total_size:
+                self._abort_unfittable(req, "the prompt is longer than the KV cache pool")
+                continue
+            self._match(req)
+            if should_defer_sibling(req, admitted_now):
+                continue
+            result = self._try_admit(req, adder)
+            if result == AddResult.ADDED:
+                admitted_now.append(req)
+                continue
+            if result == AddResult.NO_TOKEN and self._preempt_for(req):
+                if self._try_admit(req, adder) == AddResult.ADDED:
+                    admitted_now.append(req)
+                    continue
+            break
+        if not adder.can_run:
+            return None
+        for req in admitted_now:
+            self.waiting.remove(req)
+        return self._make_prefill_batch(adder)
+
+    def _try_admit(self, req: Req, adder: PrefillAdder) -> AddResult:
+        before = self.cache.available_size
+        req.handle = self.cache.acquire(req.match, extra_key=req.extra_key)
+        lock_cost = before - self.cache.available_size
+        adder.rem_total -= lock_cost
+        alone = not self.running and not adder.can_run and self.chunked is None
+        result = adder.add(req, allow_chunk=not req.wants_input_logprobs)
+        if result == AddResult.NO_TOKEN and alone:
+            # Nothing else runs: admit it if its next pass fits at all; retraction or an abort
+            # handles it later if its output outgrows the pool.
+            adder.rem_total = float("inf")
+            result = adder.add(req, allow_chunk=not req.wants_input_logprobs)
+        if result != AddResult.ADDED:
+            self._drop_handle(req)
+            adder.rem_total += lock_cost
+            return result
+        if not self._alloc_row_and_extend(req):
+            adder.can_run.remove(req)
+            if adder.new_chunked is req:
+                adder.new_chunked = None
+            self._drop_handle(req)
+            return AddResult.NO_TOKEN
+        if not req.first_admitted:
+            req.first_admitted = True
+            req.cached_tokens = req.prefix_len
+            self.stats.prompt_tokens += req.prompt_len
+            self.stats.cached_tokens += min(req.prefix_len, req.prompt_len)
+        return AddResult.ADDED
+
+    def _match(self, req: Req) -> int:
+        if req.handle is None:
+            req.match = self.cache.match(req.fill_ids, extra_key=req.extra_key, max_len=req.match_cap())
+        return req.prefix_len
+
+    def _drop_handle(self, req: Req) -> None:
+        self.cache.unlock(req.handle.node)
+        req.handle = None
+
+    def _alloc_row_and_extend(self, req: Req) -> bool:
+        row = self.req_pool.alloc()
+        if row is None:
+            return False
+        slots = self.cache.alloc(req.extend_len)
+        if slots is None:
+            self.req_pool.free(row)
+            return False
+        req.req_pool_idx = row
+        table = self.req_pool.req_to_token
+        table[row, : req.prefix_len] = req.match.slots[: req.prefix_len]
+        table[row, req.prefix_len : req.prefix_len + req.extend_len] = slots
+        req.kv_len = req.prefix_len
+        return True
+
+    def _alloc_extend(self, req: Req) -> bool:
+        """Slots for the next chunk of a request already holding a row (promised at admission).
+        Returns False when the request had to be aborted because even alone it does not fit."""
+        slots = self.cache.alloc(req.extend_len)
+        if slots is None:  # the forecast failed: retract others until it fits
+            self._retract_until(req.extend_len, protect=req)
+            slots = None if req.finished else self.cache.alloc(req.extend_len)
+            if slots is None:
+                req.finish(FinishReason.abort("the request needs more KV cache than the pool holds"))
+                return False
+        self.req_pool.req_to_token[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = slots
+        return True
+
+    def _make_prefill_batch(self, adder: PrefillAdder) -> ScheduledBatch:
+        reqs = adder.can_run
+        batch = ScheduledBatch(mode=ForwardMode.EXTEND, reqs=list(reqs))
+        for req in reqs:
+            batch.prefix_lens.append(req.kv_len)
+            batch.extend_lens.append(req.extend_len)
+            batch.discard.append(req.is_chunked or req.params.max_new_tokens == 0)
+            batch.chunk.append(req.is_chunked)
+            batch.input_logprob_from.append(
+                max(req.logprob_start_len, 0) if req.wants_input_logprobs else -1
+            )
+        if self.cfg.enable_mixed_chunk and self.running:
+            decode = self._decode_rows()
+            if decode:
+                for req in decode:
+                    batch.reqs.append(req)
+                    batch.prefix_lens.append(req.kv_len)
+                    batch.extend_lens.append(1)
+                    batch.discard.append(False)
+                    batch.chunk.append(False)
+                    batch.input_logprob_from.append(-1)
+        self.chunked = adder.new_chunked
+        return batch
+
+    # ------------------------------------------------------------------ decode
+    def _decode_rows(self) -> list[Req]:
+        """Running requests that still need a token, after making room for one token each."""
+        reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+        if not reqs:
+            return []
+        if self.cache.available_size < len(reqs):
+            self._sync_inflight()
+            reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+            if self.cache.available_size < len(reqs):
+                self._retract_until(len(reqs))
+                reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+        slots = self.cache.alloc(len(reqs)) if reqs else None
+        if reqs and slots is None:
+            raise RuntimeError("KV pool accounting error: no slot for a decode step after retraction")
+        table = self.req_pool.req_to_token
+        for req, slot in zip(reqs, slots.tolist() if slots is not None else []):
+            table[req.req_pool_idx, req.kv_len] = slot
+            req.extend_len = 1
+        return reqs
+
+    def _schedule_decode(self) -> ScheduledBatch | None:
+        reqs = self._decode_rows()
+        if not reqs:
+            return None
+        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs)
+        batch.prefix_lens = [r.kv_len for r in reqs]
+        batch.extend_lens = [1] * len(reqs)
+        batch.discard = [False] * len(reqs)
+        batch.chunk = [False] * len(reqs)
+        self.ratio.step()
+        self._decode_steps += 1
+        return batch
+
+    # ------------------------------------------------------------------ launch
+    def _grammar_mask(self, batch: ScheduledBatch) -> tuple[Any, Future[Any] | None]:
+        """The batch's grammar bitmask now, or a future filled after the in-flight step is
+        processed (when a constrained row's previous token is still in flight)."""
+        if self.grammar is None or not any(r.grammar is not None for r in batch.reqs):
+            return None, None
+        if any(r.grammar is not None and r.pending_outputs for r in batch.reqs):
+            fut: Future[Any] = Future()
+            return fut, fut
+        return self.grammar.fill_mask(batch.reqs), None
+
+    def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[ForwardOutput]:
+        keep = [not d for d in batch.discard]
+        future_ids = self.worker.future_map.reserve(len(batch.reqs))
+        ids = gather_new_tokens(batch, lambda r: -r.future_ref)
+        sampling = self.sampling.build(batch.reqs, vocab_mask=vocab_mask)
+        fi = build_forward_input(
+            batch, req_to_token=self.req_pool.req_to_token, input_ids=ids, sampling=sampling
+        )
+        batch.future_ids = future_ids
+        for i, req in enumerate(batch.reqs):
+            req.kv_len += batch.extend_lens[i]
+            if keep[i]:
+                req.pending_outputs += 1
+                req.future_ref = int(future_ids[i])
+        # Requests whose prefill completes join the running set now, so the next step (which may
+        # be launched before this one is processed) already decodes them.
+        for i, req in enumerate(batch.reqs):
+            if batch.is_prefill and keep[i] and req not in self.running:
+                self.running.append(req)
+        return self.worker.submit(fi, future_ids)
+
+    # ================================================================== process
+    def _process_oldest(self) -> None:
+        batch, fut = self.inflight.popleft()
+        out = fut.result()
+        tokens = out.synchronize()
+        # Requests that finished while this step was queued are released now that it is done.
+        self._release_deferred()
+        for i, req in enumerate(batch.reqs):
+            lp = out.logprobs[i] if out.logprobs is not None else None
+            if batch.discard[i]:
+                self._after_discarded_row(
+                    req, lp, is_chunk=batch.chunk[i],
+                    batch_prefix=batch.prefix_lens[i], batch_extend=batch.extend_lens[i],
+                )
+                continue
+            req.pending_outputs -= 1
+            if req.finished:
+                continue
+            self._append_token(req, tokens[i], lp)
+        self._drop_finished_running()
+        self.outputs.flush()
+        if batch.mode == ForwardMode.DECODE:
+            self._tokens_since_log += len(batch.reqs)
+            if self._decode_steps % self.cfg.log_interval == 0:
+                self._log_decode()
+        else:
+            self._log_prefill(batch)
+
+    def _after_discarded_row(
+        self, req: Req, lp: Any, *, is_chunk: bool, batch_prefix: int, batch_extend: int
+    ) -> None:
+        if req.finished:
+            return
+        if lp is not None:
+            self.outputs.record_input_logprobs(req, lp)
+        if is_chunk:
+            # Only the tokens of this chunk are known to be computed: a later chunk may already
+            # have been launched (overlap) and moved kv_len further.
+            done = batch_prefix + batch_extend
+            self.cache.cache_unfinished(
+                req.handle,
+                req.fill_ids[:done],
+                self.req_pool.req_to_token[req.req_pool_idx, :done],
+                req_row=req.req_pool_idx,
+            )
+            return
+        # prefill-only request (max_new_tokens == 0)
+        req.finish(FinishReason.length(0))
+        self.outputs.add(req)
+        self._release(req)
+
+    def _append_token(self, req: Req, token: int, lp: Any) -> None:
+        req.output_ids.append(token)
+        if lp is not None:
+            self.outputs.record_logprobs(req, lp)
+        if req.grammar is not None:
+            self.grammar.accept(req, token)
+        reason = req.stop_checker.check(req.output_ids, 1)
+        if reason is None and req.grammar is not None and req.grammar.is_terminated():
+            reason = FinishReason.stop_matched(token)
+        if reason is not None:
+            if reason.keep is not None:
+                del req.output_ids[reason.keep :]  # tokens past a stop string do not belong
+            req.finish(reason)
+        self.outputs.add(req)
+
+    def _drop_finished_running(self) -> None:
+        done = [r for r in self.running if r.finished]
+        if not done:
+            return
+        self.running = [r for r in self.running if not r.finished]
+        for req in done:
+            self.outputs.add(req)
+            self._retire(req)
+
+    def _release_deferred(self) -> None:
+        """Called when the oldest in-flight step is complete: everything deferred while it was
+        queued can go (later steps never include finished requests)."""
+        pending, self.release_after_inflight = self.release_after_inflight, []
+        for req in pending:
+            self._release(req)
+
+    def _release(self, req: Req) -> None:
+        """Give back a request's row and KV: computed tokens go into the tree (or are freed)."""
+        if req.req_pool_idx is None:
+            return
+        row = req.req_pool_idx
+        # The newest KV slot may belong to a token that was computed but never processed (the
+        # request finished while a step was in flight): its id is unknown, so it is freed, not cached.
+        known = min(req.kv_len, len(req.fill_ids))
+        slots = self.req_pool.req_to_token[row, : req.kv_len].clone()
+        self.cache.cache_finished(req.handle, req.fill_ids[:known], slots, kv_len=known)
+        self.req_pool.free(row)
+        req.req_pool_idx = None
+        req.handle = None
+        req.match = None
+        req.kv_len = 0
+
+    def _finish_chunked_abort(self, req: Req) -> None:
+        self.outputs.add(req)
+        self._retire(req)
+
+    def _retire(self, req: Req) -> None:
+        """Release now, or once the step in flight (which may read the request's row) is done."""
+        if self.inflight:
+            self.release_after_inflight.append(req)
+        else:
+            self._release(req)
+
+    # ================================================================== memory pressure
+    def _sync_inflight(self) -> None:
+        """Process every in-flight step so deferred frees happen (needed before retraction)."""
+        while self.inflight:
+            self._process_oldest()
+        self._release_deferred()
+
+    def _retract_until(self, need: int, protect: Req | None = None) -> None:
+        """Retract running requests until ``need`` slots are available. ``protect`` (a request
+        mid-chunk) is never retracted; without it, ``need`` is one slot per decoding request, so
+        it shrinks with every retraction."""
+        self._sync_inflight()
+        candidates = [r for r in retraction_order(self.running) if r is not protect]
+        old = self.ratio.value
+        retracted = 0
+        while self.cache.available_size < need:
+            if not candidates or (protect is None and len(self.running) == 1):
+                for req in self.running if protect is None else [protect]:
+                    req.finish(FinishReason.abort("the request needs more KV cache than the pool holds"))
+                self._drop_finished_running()
+                self.outputs.flush()
+                return
+            req = candidates.pop(0)
+            self.running.remove(req)
+            self._release(req)
+            req.num_retractions += 1
+            self.waiting.insert(0, req)
+            retracted += 1
+            if protect is None:
+                need = len(self.running)
+        if retracted:
+            self.stats.num_retracted += retracted
+            self.ratio.raise_to(ratio_after_retraction(self.running))
+            logger.warning(
+                "KV cache pool is full. Retract requests. #retracted_reqs: %d, "
+                "#new_token_ratio: %.4f -> %.4f",
+                retracted,
+                old,
+                self.ratio.value,
+            )
+
+    def _preempt_for(self, req: Req) -> bool:
+        """Priority preemption: retract running requests whose priority is lower than ``req``'s
+        by at least the threshold, lowest first, until it could fit. Returns True if any were."""
+        if not self.cfg.enable_priority_scheduling:
+            return False
+        victims = sorted(
+            (r for r in self.running
+             if req.priority - r.priority >= self.cfg.priority_preemption_threshold),
+            key=lambda r: r.priority,
+        )
+        if not victims:
+            return False
+        self._sync_inflight()
+        need = len(req.fill_ids) - req.prefix_len + req.remaining_new_tokens
+        for victim in victims:
+            if self.cache.available_size >= need:
+                break
+            if victim not in self.running:
+                continue
+            self.running.remove(victim)
+            self._release(victim)
+            victim.num_retractions += 1
+            self.waiting.append(victim)
+            self.stats.num_retracted += 1
+        return True
+
+    def _abort_unfittable(self, req: Req, why: str) -> None:
+        self.waiting.remove(req)
+        req.finish(FinishReason.abort(why))
+        self.outputs.add(req)
+        self.outputs.flush()
+
+    # ================================================================== stats and logs
+    def live_stats(self) -> dict[str, float]:
+        total = self.cache.total_size
+        s = self.stats
+        return {
+            "num_running_reqs": len(self.running) + (1 if self.chunked else 0),
+            "num_queue_reqs": len(self.waiting),
+            "num_grammar_queue_reqs": len(self.grammar.pending) if self.grammar else 0,
+            "token_usage": 1.0 - self.cache.available_size / total if total else 0.0,
+            "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+            "num_retracted_reqs": s.num_retracted,
+            "gen_throughput": s.gen_throughput,
+            "prompt_tokens_total": s.prompt_tokens,
+            "cached_tokens_total": s.cached_tokens,
+            "max_total_num_tokens": total,
+            "available_tokens": self.cache.available_size,
+            "evictable_tokens": self.cache.evictable_size,
+            "new_token_ratio": self.ratio.value,
+        }
+
+    def _log_prefill(self, batch: ScheduledBatch) -> None:
+        new_tokens = sum(batch.extend_lens)
+        cached = sum(r.prefix_len for r in batch.reqs if r.first_admitted)
+        logger.info(
+            "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
+            "#running-req: %d, #queue-req: %d",
+            len(batch.reqs), new_tokens, cached, self.live_stats()["token_usage"],
+            len(self.running), len(self.waiting),
+        )
+
+    def _log_decode(self) -> None:
+        now = time.monotonic()
+        dt = max(now - self._last_log, 1e-6)
+        self.stats.gen_throughput = self._tokens_since_log / dt
+        self._last_log, self._tokens_since_log = now, 0
+        logger.info(
+            "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
+            "gen throughput (token/s): %.2f, #queue-req: %d",
+            len(self.running), self.cache.total_size - self.cache.available_size,
+            self.live_stats()["token_usage"], self.stats.gen_throughput, len(self.waiting),
+        )
+
+
+@dataclass
+class SchedulerCounters:
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    num_retracted: int = 0
+    gen_throughput: float = 0.0
+

@@ -1,0 +1,390 @@
+"""② The tokenizer manager: the main process's view of the engine (DESIGN.md §2).
+
+It tokenizes and validates each request, keeps a ``ReqState`` with an asyncio event per request
+in flight, sends ``TokenizedGenerateReq`` to the scheduler, and turns the detokenizer's
+``BatchStrOut`` messages back into SGLang-shaped output dicts. Both the HTTP server and the
+in-process ``Engine`` drive it; it runs on one asyncio loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from phloem.runtime.config import EngineArgs
+from phloem.runtime.errors import InvalidRequest
+from phloem.runtime.ipc import IpcPaths
+from phloem.runtime.messages import (
+    AbortReq,
+    BatchStrOut,
+    Codec,
+    ControlReply,
+    FlushCacheReq,
+    GetStatsReq,
+    Ready,
+    ReqStrOut,
+    SchedulerStats,
+    ShutdownReq,
+    ToScheduler,
+    ToTokenizerManager,
+    TokenizedGenerateReq,
+    UpdateWeightsReq,
+)
+from phloem.runtime.sampling.params import validate_token_ids
+from phloem.runtime.tokenizer.request import GenerateRequest
+
+logger = logging.getLogger("phloem.tokenizer_manager")
+
+
+@dataclass
+class ReqState:
+    rid: str
+    prompt_tokens: int
+    return_text_in_logprobs: bool
+    created: float = field(default_factory=time.perf_counter)
+    text: str = ""
+    output_ids: list[int] = field(default_factory=list)
+    meta: dict[str, Any] = field(default_factory=dict)
+    finished: bool = False
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    first_token_time: float | None = None
+    token_times: list[float] = field(default_factory=list)
+    logprobs: dict[str, list] = field(default_factory=dict)
+
+
+_LOGPROB_KEYS = {
+    "output_logprobs": "output_token_logprobs",
+    "output_top_logprobs": "output_top_logprobs",
+    "output_token_ids_logprobs": "output_token_ids_logprobs",
+    "input_logprobs": "input_token_logprobs",
+    "input_top_logprobs": "input_top_logprobs",
+    "input_token_ids_logprobs": "input_token_ids_logprobs",
+}
+
+
+class TokenizerManager:
+    def __init__(self, args: EngineArgs, *, tokenizer: Any, ipc: IpcPaths, model_info: dict[str, Any]) -> None:
+        self.args = args
+        self.tokenizer = tokenizer
+        self.ipc = ipc
+        self.model_info = model_info
+        self.context_len: int = int(model_info["context_length"])
+        self.vocab_size: int = int(model_info["vocab_size"])
+        self.states: dict[str, ReqState] = {}
+        self.metrics: Any = None  # ServerMetrics, set by the server
+        self.scheduler_info: dict[str, Any] = {}
+        self.live_stats: dict[str, float] = {}
+        self._status = "starting"
+        self._broken_reason = ""
+        self._ctrl_ids = itertools.count(1)
+        self._ctrl_waiters: dict[int, asyncio.Future[ControlReply]] = {}
+        self._ready: dict[str, Ready] = {}
+        self._ready_event: asyncio.Event | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # ================================================================== lifecycle
+    async def start(self, *, ready_timeout: float = 600.0, children_alive=None) -> None:
+        """Open sockets, start the receive loop, wait until both children report ready."""
+        self.ctx = zmq.asyncio.Context()
+        self.to_sched = self.ctx.socket(zmq.PUSH)
+        self.to_sched.setsockopt(zmq.LINGER, 0)
+        self.to_sched.connect(self.ipc.scheduler)
+        self.inp = self.ctx.socket(zmq.PULL)
+        self.inp.setsockopt(zmq.LINGER, 0)
+        self.inp.bind(self.ipc.tokenizer_manager)
+        self.codec_sched = Codec(ToScheduler)
+        self.codec_in = Codec(ToTokenizerManager)
+        self._ready_event = asyncio.Event()
+        self._tasks.append(asyncio.create_task(self._recv_loop()))
+        deadline = time.monotonic() + ready_timeout
+        while not self._ready_event.is_set():
+            if children_alive is not None and not children_alive():
+                raise RuntimeError("a child process died during startup (see its log above)")
+            if time.monotonic() > deadline:
+                raise TimeoutError("engine processes did not become ready in time")
+            try:
+                await asyncio.wait_for(self._ready_event.wait(), timeout=0.5)
+            except asyncio.TimeoutError:
+                pass
+        errors = [f"{w}: {r.error}" for w, r in self._ready.items() if r.error]
+        if errors:
+            raise RuntimeError("engine failed to start: " + "; ".join(errors))
+        self.scheduler_info = dict(self._ready["scheduler"].info)
+        self._status = "serving"
+
+    def health(self) -> str:
+        return self._status
+
+    def mark_broken(self, reason: str) -> None:
+        """A child died: fail every pending request loudly and refuse new ones."""
+        if self._status == "broken":
+            return
+        self._status = "broken"
+        self._broken_reason = reason
+        logger.error("engine is broken: %s", reason)
+        for st in list(self.states.values()):
+            self._finish_with_abort(st, f"engine failure: {reason}")
+
+    def start_shutdown(self) -> None:
+        if self._status == "serving":
+            self._status = "shutting_down"
+        try:
+            self._send(AbortReq(abort_all=True, message="server is shutting down"))
+        except Exception:
+            pass
+
+    async def shutdown(self) -> None:
+        self.start_shutdown()
+        try:
+            self._send(ShutdownReq())
+        except Exception:
+            pass
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.sleep(0)
+        self.inp.close()
+        self.to_sched.close()
+        self.ctx.term()
+
+    # ================================================================== generation
+    def tokenize_request(self, req: GenerateRequest) -> TokenizedGenerateReq:
+        """Validate and tokenize; raises InvalidRequest naming the field."""
+        if self._status != "serving":
+            raise InvalidRequest("", f"server is {self._status}" + (f": {self._broken_reason}" if self._broken_reason else ""))
+        if req.input_ids is not None:
+            ids = list(req.input_ids)
+            validate_token_ids(ids, self.vocab_size, "input_ids")
+        elif req.text is not None:
+            ids = self.tokenizer.encode(req.text, add_special_tokens=True)
+        else:
+            raise InvalidRequest("text", "either text or input_ids is required")
+        if not ids:
+            raise InvalidRequest("text" if req.input_ids is None else "input_ids", "the prompt is empty")
+        p = req.sampling_params
+        p.validate_vocab(self.vocab_size)
+        if len(ids) >= self.context_len:
+            raise InvalidRequest(
+                "text" if req.input_ids is None else "input_ids",
+                f"the prompt has {len(ids)} tokens; the model's context length is {self.context_len}",
+            )
+        if len(ids) + p.max_new_tokens > self.context_len:
+            raise InvalidRequest(
+                "sampling_params.max_new_tokens",
+                f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the "
+                f"context length {self.context_len}",
+            )
+        if req.logprob_start_len >= len(ids):
+            raise InvalidRequest(
+                "logprob_start_len", f"must be < the prompt length {len(ids)}, got {req.logprob_start_len}"
+            )
+        if req.logprob_start_len < -1:
+            raise InvalidRequest("logprob_start_len", f"must be >= -1, got {req.logprob_start_len}")
+        if req.top_logprobs_num < 0 or req.top_logprobs_num > 100:
+            raise InvalidRequest("top_logprobs_num", f"must be in [0, 100], got {req.top_logprobs_num}")
+        if req.token_ids_logprob is not None:
+            validate_token_ids(req.token_ids_logprob, self.vocab_size, "token_ids_logprob")
+        rid = req.rid or uuid.uuid4().hex
+        if rid in self.states:
+            raise InvalidRequest("rid", f"a request with rid {rid!r} is already running")
+        return TokenizedGenerateReq(
+            rid=rid,
+            input_ids=ids,
+            sampling=p.to_wire(),
+            return_logprob=req.return_logprob,
+            logprob_start_len=req.logprob_start_len,
+            top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,
+            token_ids_logprob=req.token_ids_logprob if req.return_logprob else None,
+            stream=req.stream,
+            priority=req.priority,
+            extra_key=req.extra_key,
+            arrival_time=time.time(),
+        )
+
+    async def generate(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
+        """Yield cumulative output dicts for one request (one final dict unless streaming).
+
+        Leaving the iteration early (client disconnect, cancellation) aborts the request.
+        """
+        msg = self.tokenize_request(req)
+        st = ReqState(
+            rid=msg.rid, prompt_tokens=len(msg.input_ids), return_text_in_logprobs=req.return_text_in_logprobs
+        )
+        self.states[msg.rid] = st
+        self._send(msg)
+        try:
+            while True:
+                await st.event.wait()
+                st.event.clear()
+                if st.finished:
+                    yield self._output(st)
+                    return
+                if req.stream:
+                    yield self._output(st)
+        finally:
+            if not st.finished:
+                self._send(AbortReq(rid=st.rid, message="client disconnected"))
+            self.states.pop(st.rid, None)
+
+    def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        self._send(AbortReq(rid=rid, abort_all=abort_all, message="aborted by request"))
+
+    # ================================================================== control
+    async def flush_cache(self, timeout: float | None = None) -> bool:
+        deadline = time.monotonic() + (timeout or 0)
+        while True:
+            reply = await self._control(FlushCacheReq(req_id=next(self._ctrl_ids)))
+            if reply.ok or timeout is None or time.monotonic() >= deadline:
+                return reply.ok
+            await asyncio.sleep(0.05)
+
+    async def get_server_info(self) -> dict[str, Any]:
+        reply = await self._control(GetStatsReq(req_id=next(self._ctrl_ids)))
+        return {
+            **self.args.to_dict(),
+            **self.scheduler_info,
+            "status": self._status,
+            "live": reply.data,
+            "version": _version(),
+        }
+
+    async def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
+        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600)
+        return reply.ok, reply.message
+
+    async def update_weights_from_tensor(self, tensor_file: str) -> tuple[bool, str]:
+        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600)
+        return reply.ok, reply.message
+
+    async def _control(self, msg: Any, timeout: float = 30.0) -> ControlReply:
+        if self._status == "broken":
+            return ControlReply(req_id=msg.req_id, ok=False, message=f"engine failure: {self._broken_reason}")
+        fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
+        self._ctrl_waiters[msg.req_id] = fut
+        self._send(msg)
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self._ctrl_waiters.pop(msg.req_id, None)
+
+    # ================================================================== receiving
+    def _send(self, msg: Any) -> None:
+        self.to_sched.send(self.codec_sched.encode(msg), flags=zmq.NOBLOCK)
+
+    async def _recv_loop(self) -> None:
+        while True:
+            data = await self.inp.recv()
+            try:
+                msg = self.codec_in.decode(data)
+                self._dispatch(msg)
+            except Exception:
+                logger.exception("bad message from a child process")
+
+    def _dispatch(self, msg: Any) -> None:
+        if isinstance(msg, BatchStrOut):
+            for o in msg.outs:
+                self._on_output(o)
+        elif isinstance(msg, SchedulerStats):
+            self.live_stats = msg.stats
+            if self.metrics is not None:
+                self.metrics.update_scheduler_stats(msg.stats)
+        elif isinstance(msg, ControlReply):
+            fut = self._ctrl_waiters.get(msg.req_id)
+            if fut is not None and not fut.done():
+                fut.set_result(msg)
+        elif isinstance(msg, Ready):
+            self._ready[msg.who] = msg
+            if msg.error or len(self._ready) == 2:
+                assert self._ready_event is not None
+                self._ready_event.set()
+
+    def _on_output(self, o: ReqStrOut) -> None:
+        st = self.states.get(o.out.rid)
+        if st is None:
+            return  # aborted by the client meanwhile
+        now = time.perf_counter()
+        out = o.out
+        st.text += o.text
+        st.output_ids.extend(out.new_ids)
+        if out.new_ids:
+            if st.first_token_time is None:
+                st.first_token_time = now
+            st.token_times.append(now)
+        for src, dst in _LOGPROB_KEYS.items():
+            val = getattr(out, src)
+            if val:
+                st.logprobs.setdefault(dst, []).extend(val)
+        st.meta.update(
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            num_retractions=out.num_retractions,
+        )
+        if out.spec:
+            st.meta.update(out.spec)
+        if out.finished is not None:
+            st.meta["finish_reason"] = out.finished
+            st.finished = True
+            self._observe(st, now)
+        st.event.set()
+
+    def _finish_with_abort(self, st: ReqState, message: str) -> None:
+        st.meta["finish_reason"] = {"type": "abort", "message": message}
+        st.finished = True
+        st.event.set()
+
+    def _observe(self, st: ReqState, now: float) -> None:
+        if self.metrics is None:
+            return
+        ttft = (st.first_token_time or now) - st.created
+        itls = [b - a for a, b in zip(st.token_times, st.token_times[1:])]
+        self.metrics.observe_request(
+            ttft=ttft,
+            itls=itls,
+            e2e=now - st.created,
+            prompt_tokens=st.meta.get("prompt_tokens", st.prompt_tokens),
+            completion_tokens=st.meta.get("completion_tokens", 0),
+            cached_tokens=st.meta.get("cached_tokens", 0),
+        )
+
+    # ================================================================== output shape
+    def _output(self, st: ReqState) -> dict[str, Any]:
+        meta: dict[str, Any] = {
+            "id": st.rid,
+            "finish_reason": st.meta.get("finish_reason") if st.finished else None,
+            "prompt_tokens": st.meta.get("prompt_tokens", st.prompt_tokens),
+            "completion_tokens": st.meta.get("completion_tokens", len(st.output_ids)),
+            "cached_tokens": st.meta.get("cached_tokens", 0),
+            "num_retractions": st.meta.get("num_retractions", 0),
+            "e2e_latency": time.perf_counter() - st.created,
+        }
+        for k in ("spec_accept_length", "spec_accept_rate", "spec_verify_ct"):
+            if k in st.meta:
+                meta[k] = st.meta[k]
+        for key, vals in st.logprobs.items():
+            meta[key] = self._with_text(key, vals, st.return_text_in_logprobs)
+        return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta}
+
+    def _with_text(self, key: str, vals: list, with_text: bool) -> list:
+        """Wire triples ``[logprob, token_id, text|None]``; top lists are lists of triples."""
+        def triple(pair: list) -> list:
+            lp, tok = pair
+            return [lp, tok, self.tokenizer.decode([tok], skip_special_tokens=False) if with_text else None]
+
+        if key.endswith("token_logprobs"):
+            return [triple(p) for p in vals]
+        return [[triple(p) for p in pos] if pos is not None else None for pos in vals]
+
+
+def _version() -> str:
+    from phloem import __version__
+
+    return __version__
