@@ -60,7 +60,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         seed=args.random_seed,
     )
     pool_rows = runner.req_to_token_pool
-    allocator = TokenSlotAllocator(runner.kv_pool.size)
+    allocator = TokenSlotAllocator(runner.kv_pool.num_slots)
     tree = None if args.disable_radix_cache else RadixTree()
     cache = CacheManager(allocator=allocator, req_to_token=pool_rows.req_to_token, tree=tree)
     chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type)
