@@ -54,6 +54,13 @@ class SamplingInfo:
     banned_mask: torch.Tensor | None = None
     # Grammar bitmask, int32 [B, ceil(V/32)]: bit j of word w allows token 32*w + j. None = free.
     vocab_mask: torch.Tensor | None = None
+    # Compact alternative to output_token_counts: [B, L] int64 output ids so far, padded with -1;
+    # the sampler counts them on the device (a much smaller copy than [B, V]).
+    output_ids: torch.Tensor | None = None
+    # Host-side hints (no tensor inspection needed): False lets the sampler skip the sort for
+    # top-k/top-p, or the min-p filter, because no row in the batch uses them.
+    use_top_k_top_p: bool = True
+    use_min_p: bool = True
 
 
 @dataclass

@@ -1,0 +1,59 @@
+"""Bodies of the native routes (SGLang's wire names).
+
+Models are strict (no string -> number or bool -> int coercion) and ignore unknown keys, so clients
+sending SGLang fields we do not use still work. Cross-field rules live in ``native.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+IntList = list[int]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class GenerateBody(_Body):
+    text: str | list[str] | None = None
+    input_ids: IntList | list[IntList] | None = None
+    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    stream: bool = False
+    return_logprob: bool | list[bool] = False
+    logprob_start_len: int | list[int] = -1
+    top_logprobs_num: int | list[int] = 0
+    token_ids_logprob: IntList | list[IntList] | None = None
+    return_text_in_logprobs: bool = False
+    rid: str | list[str] | None = None
+    priority: int | None = None
+    extra_key: str | None = None
+
+
+class TokenizeBody(_Body):
+    prompt: str | list[str]
+    add_special_tokens: bool = True
+
+
+class DetokenizeBody(_Body):
+    tokens: IntList | list[IntList]
+    skip_special_tokens: bool = True
+
+
+class AbortBody(_Body):
+    rid: str | list[str] | None = None
+    abort_all: bool = False
+
+
+class FlushCacheBody(_Body):
+    timeout: float | None = Field(default=None, ge=0)
+
+
+class UpdateWeightsFromDiskBody(_Body):
+    model_path: str = Field(min_length=1)
+
+
+class UpdateWeightsFromTensorBody(_Body):
+    tensor_file: str = Field(min_length=1)  # a safetensors file the engine can read

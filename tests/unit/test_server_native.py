@@ -1,0 +1,433 @@
+"""Native routes against a fake TokenizerManager: /generate (JSON, batch, n, SSE), admin routes,
+auth, body limit, disconnects."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from phloem.runtime.server.app import create_app
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.unit.test_server_fake_tm import FakeTokenizerManager, make_client
+
+
+def sse_events(text: str) -> list:
+    """Parse an SSE body; asserts the framing (``data: ...`` blocks, ``[DONE]`` last)."""
+    blocks = text.split("\n\n")
+    assert blocks[-1] == "", "body must end with a blank line"
+    payloads = []
+    for block in blocks[:-1]:
+        assert block.startswith("data: "), block
+        payloads.append(block[len("data: ") :])
+    assert payloads[-1] == "[DONE]"
+    return [json.loads(p) for p in payloads[:-1]]
+
+
+# ---- /generate -----------------------------------------------------------------------------------
+def test_generate_text_echoes_and_reports_meta():
+    client, tm = make_client()
+    r = client.post("/generate", json={"text": "hello", "sampling_params": {"max_new_tokens": 3}})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["text"] == "hel"
+    assert body["output_ids"] == [104, 101, 108]
+    meta = body["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 3}
+    assert meta["prompt_tokens"] == 5 and meta["completion_tokens"] == 3
+    assert tm.requests[0].sampling_params.max_new_tokens == 3
+
+
+def test_generate_input_ids_and_unknown_top_level_keys_ignored():
+    client, tm = make_client()
+    r = client.post(
+        "/generate",
+        json={
+            "input_ids": [104, 105],
+            "image_data": None,
+            "lora_path": "x",
+            "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+        },
+    )
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == "hihihihi"
+    assert tm.requests[0].input_ids == [104, 105] and tm.requests[0].text is None
+
+
+def test_generate_batch_returns_list_in_order():
+    client, _ = make_client()
+    r = client.post(
+        "/generate",
+        json={"text": ["ab", "cd"], "sampling_params": [{"max_new_tokens": 2}, {"max_new_tokens": 1}]},
+    )
+    assert r.status_code == 200, r.text
+    assert [o["text"] for o in r.json()] == ["ab", "c"]
+
+
+def test_generate_batch_input_ids_with_rids():
+    client, tm = make_client()
+    r = client.post(
+        "/generate",
+        json={"input_ids": [[104], [105]], "rid": ["a", "b"], "sampling_params": {"max_new_tokens": 1}},
+    )
+    assert r.status_code == 200, r.text
+    assert [o["meta_info"]["id"] for o in r.json()] == ["a", "b"]
+    assert [q.rid for q in tm.requests] == ["a", "b"]
+
+
+def test_generate_n_expands_into_a_list_with_distinct_seeds():
+    client, tm = make_client()
+    r = client.post(
+        "/generate",
+        json={"text": "xy", "rid": "r", "sampling_params": {"n": 3, "max_new_tokens": 2, "sampling_seed": 7}},
+    )
+    assert r.status_code == 200, r.text
+    assert len(r.json()) == 3
+    assert sorted(q.rid for q in tm.requests) == ["r-0", "r-1", "r-2"]
+    assert sorted(q.sampling_params.sampling_seed for q in tm.requests) == [7, 8, 9]
+    assert all(q.sampling_params.n == 1 for q in tm.requests)
+
+
+def test_generate_batch_with_n_is_prompt_major():
+    client, _ = make_client()
+    r = client.post("/generate", json={"text": ["a", "b"], "sampling_params": {"n": 2, "max_new_tokens": 1}})
+    assert [o["text"] for o in r.json()] == ["a", "a", "b", "b"]
+
+
+def test_generate_stream_sse_format():
+    client, _ = make_client()
+    r = client.post(
+        "/generate", json={"text": "abc", "stream": True, "sampling_params": {"max_new_tokens": 3}}
+    )
+    assert r.status_code == 200
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert [e["text"] for e in events] == ["a", "ab", "abc"]  # cumulative
+    assert [e["output_ids"] for e in events][-1] == [97, 98, 99]
+    assert "index" not in events[0]
+    assert events[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_generate_batch_stream_carries_index():
+    client, _ = make_client()
+    r = client.post(
+        "/generate", json={"text": ["ab", "cd"], "stream": True, "sampling_params": {"max_new_tokens": 2}}
+    )
+    events = sse_events(r.text)
+    final = {e["index"]: e["text"] for e in events if e["meta_info"]["finish_reason"]}
+    assert final == {0: "ab", 1: "cd"}
+
+
+def test_generate_logprobs_with_text_and_clamped_inf():
+    client, tm = make_client()
+    r = client.post(
+        "/generate",
+        json={
+            "text": "abc",
+            "return_logprob": True,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 2,
+            "return_text_in_logprobs": True,
+            "sampling_params": {"max_new_tokens": 2},
+        },
+    )
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    assert meta["output_token_logprobs"] == [[-0.5, 97, "a"], [-0.5, 98, "b"]]
+    assert meta["output_top_logprobs"][0] == [[-0.5, 97, "a"], [-1.5, 98, "b"]]
+    assert meta["input_token_logprobs"][0] == [None, 97, "a"]
+    assert meta["input_token_logprobs"][1][0] == -9999.0  # -inf is not JSON
+    assert tm.requests[0].top_logprobs_num == 2
+
+
+def test_generate_logprobs_without_text():
+    client, _ = make_client()
+    r = client.post(
+        "/generate", json={"text": "ab", "return_logprob": True, "sampling_params": {"max_new_tokens": 1}}
+    )
+    assert r.json()["meta_info"]["output_token_logprobs"] == [[-0.5, 97, None]]
+
+
+@pytest.mark.parametrize(("prompt", "status"), [("ABORTME", 500), ("GRAMMARFAIL", 400)])
+def test_aborted_request_is_an_error_not_200(prompt, status):
+    client, _ = make_client()
+    r = client.post("/generate", json={"text": prompt})
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert err["message"] and err["code"] == status
+    assert client.get("/health").status_code == 200
+
+
+def test_abort_mid_stream_is_an_error_event():
+    client, _ = make_client()
+    r = client.post(
+        "/generate", json={"text": "ABORTME", "stream": True, "sampling_params": {"max_new_tokens": 4}}
+    )
+    events = sse_events(r.text)
+    assert "error" in events[-1]
+    assert events[-1]["error"]["message"] == "engine failure: scheduler died"
+
+
+def test_request_error_at_tokenization_is_400_even_when_streaming():
+    client, _ = make_client()
+    for stream in (False, True):
+        r = client.post("/generate", json={"text": "BADPROMPT", "stream": stream})
+        assert r.status_code == 400
+        assert r.json()["error"]["param"] == "text"
+        assert "context length" in r.json()["error"]["message"]
+
+
+def test_request_error_from_engine_names_sampling_field():
+    client, _ = make_client()
+    r = client.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 5000}})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "sampling_params.max_new_tokens"
+
+
+def test_generate_refused_with_503_while_shutting_down():
+    client, tm = make_client()
+    tm.start_shutdown()
+    r = client.post("/generate", json={"text": "a"})
+    assert r.status_code == 503
+    assert client.get("/health").status_code == 503
+
+
+def test_shutdown_during_request_gives_503():
+    tm = FakeTokenizerManager()
+    app = create_app(tm)
+
+    async def scenario():
+        import httpx
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            task = asyncio.create_task(c.post("/generate", json={"text": "SLOW" * 3}))
+            await asyncio.sleep(0.2)
+            tm.start_shutdown()
+            return await task
+
+    r = asyncio.run(scenario())
+    assert r.status_code == 503
+    assert "shutting down" in r.json()["error"]["message"]
+
+
+def test_request_the_engine_forgets_during_shutdown_gets_503():
+    tm = FakeTokenizerManager()
+    tm.abort_on_shutdown = False
+    app = create_app(tm)
+
+    async def scenario():
+        import httpx
+
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            body = {"text": "SLOW", "sampling_params": {"max_new_tokens": 200}}
+            task = asyncio.create_task(c.post("/generate", json=body))
+            await asyncio.sleep(0.2)
+            tm.start_shutdown()
+            start = time.monotonic()
+            r = await task
+            return r, time.monotonic() - start
+
+    r, waited = asyncio.run(scenario())
+    assert r.status_code == 503 and "shutting down" in r.json()["error"]["message"]
+    assert waited < 4  # well before the 10 s the generation would take
+
+
+# ---- disconnects ---------------------------------------------------------------------------------
+async def _call_then_disconnect(app, body: dict, after_s: float) -> list:
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/generate",
+        "raw_path": b"/generate",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 1),
+        "server": ("127.0.0.1", 2),
+    }
+    raw = json.dumps(body).encode()
+    start, sent_body, sent = time.monotonic(), False, []
+
+    async def receive():
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        left = start + after_s - time.monotonic()
+        if left > 0:  # like uvicorn: wait for the socket to close, answer at once once it has
+            await asyncio.sleep(left)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await asyncio.wait_for(app(scope, receive, send), timeout=10)
+    return sent
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_disconnect_cancels_generation(stream):
+    tm = FakeTokenizerManager()
+    app = create_app(tm)
+    body = {"text": "SLOW" * 10, "stream": stream, "rid": "gone", "sampling_params": {"max_new_tokens": 40}}
+    start = time.monotonic()
+    asyncio.run(_call_then_disconnect(app, body, after_s=0.3))
+    assert time.monotonic() - start < 1.8  # 40 tokens x 50 ms would take 2 s
+    assert tm.cancelled == ["gone"] and tm.finished == []
+
+
+# ---- admin ---------------------------------------------------------------------------------------
+def test_health_and_health_generate():
+    client, tm = make_client()
+    assert client.get("/health").status_code == 200
+    r = client.get("/health_generate")
+    assert r.status_code == 200, r.text
+    assert tm.requests[-1].sampling_params.max_new_tokens == 1
+    tm.status = "broken"
+    assert client.get("/health").status_code == 503
+    assert client.get("/health_generate").status_code == 503
+
+
+def test_model_info_routes():
+    client, _ = make_client()
+    for path in ("/model_info", "/get_model_info"):
+        info = client.get(path).json()
+        assert info["model_path"] == "fake-model"
+        assert info["tokenizer_path"] == "fake-model"
+        assert info["is_generation"] is True
+        assert info["chat_template"] == "{{ messages }}"
+
+
+def test_server_info_routes():
+    client, _ = make_client()
+    for path in ("/server_info", "/get_server_info"):
+        info = client.get(path).json()
+        assert info["status"] == "serving" and info["port"] == 30000
+
+
+def test_flush_cache():
+    client, tm = make_client()
+    assert client.post("/flush_cache").status_code == 200
+    assert client.get("/flush_cache?timeout=1.5").status_code == 200
+    assert client.post("/flush_cache", json={"timeout": 2}).status_code == 200
+    assert client.get("/flush_cache?timeout=abc").status_code == 400
+    tm.running["busy"] = False
+    r = client.post("/flush_cache")
+    assert r.status_code == 400 and "running" in r.json()["error"]["message"]
+
+
+def test_abort_request_route():
+    client, tm = make_client()
+    assert client.post("/abort_request", json={"rid": "x"}).status_code == 200
+    assert client.post("/abort_request", json={"abort_all": True}).status_code == 200
+    assert tm.aborts == [("x", False), (None, True)]
+    assert client.post("/abort_request", json={}).status_code == 400
+
+
+def test_abort_request_stops_a_running_generation():
+    tm = FakeTokenizerManager()
+    app = create_app(tm)
+
+    async def scenario():
+        import httpx
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            task = asyncio.create_task(
+                c.post(
+                    "/generate", json={"text": "SLOW", "rid": "k", "sampling_params": {"max_new_tokens": 40}}
+                )
+            )
+            await asyncio.sleep(0.2)
+            assert (await c.post("/abort_request", json={"rid": "k"})).status_code == 200
+            return await task
+
+    r = asyncio.run(scenario())
+    assert r.status_code == 500 and "aborted" in r.json()["error"]["message"]
+
+
+def test_tokenize_and_detokenize():
+    client, _ = make_client()
+    r = client.post("/v1/tokenize", json={"prompt": "hi", "add_special_tokens": False})
+    assert r.json()["tokens"] == [104, 105] and r.json()["count"] == 2
+    r = client.post("/v1/tokenize", json={"prompt": ["a", "bc"]})
+    assert r.json()["tokens"] == [[1, 97], [1, 98, 99]] and r.json()["count"] == [2, 3]
+    assert client.post("/v1/detokenize", json={"tokens": [104, 105]}).json()["text"] == "hi"
+    assert client.post("/v1/detokenize", json={"tokens": [[104], [105]]}).json()["text"] == ["h", "i"]
+    r = client.post("/v1/detokenize", json={"tokens": [5000]})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
+
+
+def test_update_weights_routes():
+    client, _ = make_client()
+    r = client.post("/update_weights_from_disk", json={"model_path": "/models/new"})
+    assert r.status_code == 200 and r.json()["success"] is True
+    r = client.post("/update_weights_from_disk", json={"model_path": "/bad"})
+    assert r.status_code == 400 and r.json()["success"] is False
+    assert client.post("/update_weights_from_disk", json={}).status_code == 400
+    r = client.post("/update_weights_from_tensor", json={"tensor_file": "/tmp/w.safetensors"})
+    assert r.status_code == 200 and r.json()["message"] == "loaded /tmp/w.safetensors"
+
+
+def test_metrics_parse_and_count_requests():
+    client, tm = make_client()
+    client.post("/generate", json={"text": "ab", "sampling_params": {"max_new_tokens": 1}})
+    tm.metrics.update_scheduler_stats({"num_running_reqs": 3, "token_usage": 0.5, "num_retracted_reqs": 2})
+    r = client.get("/metrics")
+    assert r.status_code == 200
+    families = {f.name: f for f in text_string_to_metric_families(r.text)}
+    assert families["phloem:num_running_reqs"].samples[0].value == 3
+    assert families["phloem:num_requests"].samples[0].value == 1
+    assert "phloem:time_to_first_token_seconds" in families
+
+
+# ---- auth and limits -----------------------------------------------------------------------------
+def test_api_key_guards_all_but_health_and_metrics():
+    client, _ = make_client(api_key="sekret")
+    assert client.get("/health").status_code == 200
+    assert client.get("/metrics").status_code == 200
+    for method, path in [
+        ("post", "/generate"),
+        ("get", "/model_info"),
+        ("get", "/v1/models"),
+        ("post", "/v1/chat/completions"),
+        ("get", "/health_generate"),
+    ]:
+        r = getattr(client, method)(path)
+        assert r.status_code == 401, path
+        assert r.json()["error"]["type"] == "authentication_error"
+    r = client.post("/generate", json={"text": "a"}, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    r = client.post(
+        "/generate",
+        json={"text": "a", "sampling_params": {"max_new_tokens": 1}},
+        headers={"Authorization": "Bearer sekret"},
+    )
+    assert r.status_code == 200
+
+
+def test_no_api_key_means_open():
+    client, _ = make_client()
+    assert client.get("/v1/models").status_code == 200
+
+
+def test_body_limit_413_then_still_healthy():
+    client, _ = make_client(max_request_body_bytes=1000)
+    r = client.post("/generate", json={"text": "a" * 2000})
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == 413
+
+    def chunks():
+        for _ in range(5):
+            yield b" " * 400
+
+    r = client.post("/generate", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413  # no content-length: counted while reading
+    r = client.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 200
