@@ -39,6 +39,7 @@ class AbortReq(msgspec.Struct, tag=True, kw_only=True):
     rid: str | None = None
     abort_all: bool = False
     message: str = "aborted by request"
+    status_code: int = 400  # HTTP status the waiting client gets (503 when shutting down)
 
 
 class FlushCacheReq(msgspec.Struct, tag=True, kw_only=True):

@@ -26,6 +26,7 @@ class SchedulerRuntime:
     cache: Any
     eos_token_ids: set[int]
     info: dict[str, Any]
+    send_detokenizer: Callable[[Any], None] = lambda m: None
 
 
 def default_chunked_prefill_size(device_type: str) -> int:

@@ -105,7 +105,7 @@ class SchedulerProcess:
         self.scheduler.add_request(req)
 
     def _on_abort(self, msg: AbortReq) -> None:
-        self.scheduler.abort(msg.rid, abort_all=msg.abort_all, message=msg.message)
+        self.scheduler.abort(msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code)
 
     def _on_flush(self, msg: FlushCacheReq) -> None:
         ok = self.scheduler.flush_cache()
@@ -125,7 +125,9 @@ class SchedulerProcess:
             self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=f"{type(e).__name__}: {e}"))
 
     def _on_shutdown(self, msg: ShutdownReq) -> None:
-        self.scheduler.abort(None, abort_all=True, message="server is shutting down")
+        self.scheduler.abort(None, abort_all=True, message="server is shutting down", status_code=503)
+        self.scheduler.drain()
+        self.rt.send_detokenizer(ShutdownReq())  # after the aborts, on the same ordered channel
         self.running = False
 
     def _send_tm(self, msg: Any) -> None:
@@ -143,7 +145,11 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
 
         to_detok = push_socket(ctx, ipc.detokenizer)
         codec_detok = Codec(ToDetokenizer)
-        scheduler, runtime = build_scheduler(args, send=lambda m: to_detok.send(codec_detok.encode(m)))
+        def send_detok(m: Any) -> None:
+            to_detok.send(codec_detok.encode(m))
+
+        scheduler, runtime = build_scheduler(args, send=send_detok)
+        runtime.send_detokenizer = send_detok
         proc = SchedulerProcess(scheduler, runtime=runtime, ipc=ipc, ctx=ctx)
     except Exception as e:
         logger.error("scheduler failed to start:\n%s", traceback.format_exc())

@@ -91,8 +91,10 @@ class Scheduler:
             return
         self.waiting.append(req)
 
-    def abort(self, rid: str | None, *, abort_all: bool = False, message: str = "aborted") -> None:
-        reason = FinishReason.abort(message)
+    def abort(
+        self, rid: str | None, *, abort_all: bool = False, message: str = "aborted", status_code: int = 400
+    ) -> None:
+        reason = FinishReason.abort(message, status_code=status_code)
         for q in (self.waiting, self.grammar.pending if self.grammar else []):
             for req in [r for r in q if abort_all or r.rid == rid]:
                 q.remove(req)
@@ -271,7 +273,7 @@ class Scheduler:
             self._retract_until(req.extend_len, protect=req)
             slots = None if req.finished else self.cache.alloc(req.extend_len)
             if slots is None:
-                req.finish(FinishReason.abort("the request needs more KV cache than the pool holds"))
+                req.finish(_too_big())
                 return False
         self.req_pool.req_to_token[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = slots
         return True
@@ -493,7 +495,7 @@ class Scheduler:
         while self.cache.available_size < need:
             if not candidates or (protect is None and len(self.running) == 1):
                 for req in self.running if protect is None else [protect]:
-                    req.finish(FinishReason.abort("the request needs more KV cache than the pool holds"))
+                    req.finish(_too_big())
                 self._drop_finished_running()
                 self.outputs.flush()
                 return
@@ -544,7 +546,7 @@ class Scheduler:
 
     def _abort_unfittable(self, req: Req, why: str) -> None:
         self.waiting.remove(req)
-        req.finish(FinishReason.abort(why))
+        req.finish(FinishReason.abort(why, status_code=400))
         self.outputs.add(req)
         self.outputs.flush()
 
@@ -598,3 +600,7 @@ class SchedulerCounters:
     num_retracted: int = 0
     gen_throughput: float = 0.0
 
+
+
+def _too_big() -> FinishReason:
+    return FinishReason.abort("the request needs more KV cache than the pool holds", status_code=400)

@@ -138,7 +138,7 @@ class TokenizerManager:
         if self._status == "serving":
             self._status = "shutting_down"
         try:
-            self._send(AbortReq(abort_all=True, message="server is shutting down"))
+            self._send(AbortReq(abort_all=True, message="server is shutting down", status_code=503))
         except Exception:
             pass
 
@@ -336,8 +336,8 @@ class TokenizerManager:
             self._observe(st, now)
         st.event.set()
 
-    def _finish_with_abort(self, st: ReqState, message: str) -> None:
-        st.meta["finish_reason"] = {"type": "abort", "message": message}
+    def _finish_with_abort(self, st: ReqState, message: str, status_code: int = 503) -> None:
+        st.meta["finish_reason"] = {"type": "abort", "message": message, "status_code": status_code}
         st.finished = True
         st.event.set()
 

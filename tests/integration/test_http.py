@@ -1,0 +1,206 @@
+"""The HTTP server on the default model: native /generate, the OpenAI client, admin routes,
+bad input, disconnects, auth, metrics and load."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+
+import aiohttp
+import pytest
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.unit.test_server_bad_inputs import CASES as ALL_CASES
+
+from .conftest import ServerProcess
+
+# Cases whose failure is staged by the fake tokenizer manager of the unit tests.
+FAKE_ONLY = {"oai-chat-template-failure"}
+CASES = [c for c in ALL_CASES if c[0] not in FAKE_ONLY]
+
+META_KEYS = {"id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "num_retractions", "e2e_latency"}
+
+
+def post(server, path, body, **kw):
+    return requests.post(server.url + path, json=body, timeout=120, **kw)
+
+
+def wait_idle(server, timeout=15.0) -> dict:
+    deadline = time.time() + timeout
+    while True:
+        live = requests.get(server.url + "/get_server_info", timeout=10).json()["live"]
+        if live["num_running_reqs"] == 0 and live["num_queue_reqs"] == 0 and live["token_usage"] == 0.0:
+            return live
+        if time.time() > deadline:
+            return live
+        time.sleep(0.2)
+
+
+def test_generate_single_batch_logprobs_and_n(server):
+    r = post(server, "/generate", {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}})
+    assert r.status_code == 200
+    out = r.json()
+    assert "Paris" in out["text"] and META_KEYS <= out["meta_info"].keys()
+    assert out["meta_info"]["completion_tokens"] == len(out["output_ids"]) == 8
+
+    r = post(server, "/generate", {"text": ["1, 2, 3,", "a, b, c,"], "sampling_params": {"max_new_tokens": 4}})
+    assert isinstance(r.json(), list) and len(r.json()) == 2
+
+    r = post(server, "/generate", {"text": "Hello", "sampling_params": {"max_new_tokens": 3, "n": 2},
+                                   "return_logprob": True, "top_logprobs_num": 2, "return_text_in_logprobs": True})
+    outs = r.json()
+    assert len(outs) == 2
+    for o in outs:
+        lps = o["meta_info"]["output_token_logprobs"]
+        assert [t[1] for t in lps] == o["output_ids"] and all(isinstance(t[2], str) for t in lps)
+        assert len(o["meta_info"]["output_top_logprobs"]) == 3
+
+
+def test_generate_stream_is_cumulative_sse(server):
+    with requests.post(server.url + "/generate", json={"text": "Count: 1, 2,", "stream": True,
+                       "sampling_params": {"max_new_tokens": 6, "temperature": 0}}, stream=True, timeout=60) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [line[6:] for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all(b["text"].startswith(a["text"]) for a, b in zip(chunks, chunks[1:]))
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert len(chunks[-1]["output_ids"]) == 6
+
+
+def test_openai_client_chat_stream_completions_n_logprobs_usage(server):
+    import openai
+
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused")
+    model = client.models.list().data[0].id
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
+                                          max_tokens=8, temperature=0, logprobs=True, top_logprobs=2)
+    assert chat.choices[0].message.content
+    assert chat.usage.completion_tokens == len(chat.choices[0].logprobs.content)
+    assert chat.usage.prompt_tokens_details.cached_tokens is not None
+    parts = list(client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
+                                                max_tokens=8, temperature=0, stream=True,
+                                                stream_options={"include_usage": True}))
+    text = "".join(p.choices[0].delta.content or "" for p in parts if p.choices)
+    assert text == chat.choices[0].message.content
+    assert parts[-1].usage.completion_tokens == chat.usage.completion_tokens
+    comp = client.completions.create(model=model, prompt="The capital of France is", max_tokens=6, n=2,
+                                     temperature=0.8, seed=3, logprobs=2)
+    assert len(comp.choices) == 2 and comp.usage.completion_tokens > 0
+    assert all(len(c.logprobs.tokens) > 0 for c in comp.choices)
+
+
+def test_admin_routes(server):
+    assert requests.get(server.url + "/health").status_code == 200
+    assert requests.get(server.url + "/health_generate", timeout=60).status_code == 200
+    info = requests.get(server.url + "/get_model_info").json()
+    assert info["is_generation"] and "model_path" in info
+    assert "max_total_num_tokens" in requests.get(server.url + "/server_info").json()
+    toks = post(server, "/v1/tokenize", {"prompt": "hello world"}).json()["tokens"]
+    assert post(server, "/v1/detokenize", {"tokens": toks}).json()["text"] == "hello world"
+    wait_idle(server)
+    assert post(server, "/flush_cache", {}).status_code == 200
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_bad_input_is_4xx_and_server_stays_healthy(server, case):
+    _, path, body, status, needle = case
+    if isinstance(body, bytes):
+        r = requests.post(server.url + path, data=body, headers={"content-type": "application/json"}, timeout=60)
+    else:
+        r = post(server, path, body)
+    assert 400 <= r.status_code < 500, r.text
+    assert needle.lower() in r.text.lower()
+
+
+def test_health_generate_after_bad_inputs(server):
+    assert requests.get(server.url + "/health_generate", timeout=60).status_code == 200
+
+
+def test_prompt_longer_than_context_is_400(server):
+    r = post(server, "/generate", {"input_ids": [100] * 9000, "sampling_params": {"max_new_tokens": 1}})
+    assert r.status_code == 400 and "context" in r.text
+
+
+def test_disconnect_mid_stream_frees_kv(server):
+    wait_idle(server)
+    with requests.post(server.url + "/generate", json={"text": "Tell a long story.", "stream": True,
+                       "sampling_params": {"max_new_tokens": 500, "ignore_eos": True}}, stream=True, timeout=60) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break
+    live = wait_idle(server)
+    assert live["num_running_reqs"] == 0 and live["token_usage"] == 0.0
+
+
+def test_metrics_parse_and_move(server):
+    def families():
+        return {f.name: f for f in text_string_to_metric_families(requests.get(server.url + "/metrics").text)}
+
+    before = families()
+    post(server, "/generate", {"text": "Metrics test", "sampling_params": {"max_new_tokens": 3}})
+    time.sleep(1.5)
+    after = families()
+    for name in ("phloem:num_running_reqs", "phloem:token_usage", "phloem:cache_hit_rate",
+                 "phloem:time_to_first_token_seconds", "phloem:e2e_request_latency_seconds"):
+        assert name in after, name
+
+    def total(fams, name):
+        return sum(s.value for s in fams[name].samples if s.name.endswith("_total") or s.name == name)
+
+    assert total(after, "phloem:generation_tokens") > total(before, "phloem:generation_tokens")
+
+
+def test_load_200_streams_with_client_aborts(server):
+    rng = random.Random(1)
+
+    async def one(session, i):
+        n = rng.randint(1, 16)
+        drop = rng.random() < 0.1
+        body = {"text": f"Item {i}: " + "word " * rng.randint(1, 40), "stream": True,
+                "sampling_params": {"max_new_tokens": n, "ignore_eos": True}}
+        async with session.post(server.url + "/generate", json=body) as resp:
+            assert resp.status == 200
+            last = None
+            seen = 0
+            async for line in resp.content:
+                line = line.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                last = json.loads(line[6:])
+                seen += 1
+                if drop and seen >= 1:
+                    return None
+            return n, last
+
+    async def main():
+        timeout = aiohttp.ClientTimeout(total=600)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            return await asyncio.gather(*(one(session, i) for i in range(200)))
+
+    results = asyncio.run(main())
+    done = [r for r in results if r is not None]
+    assert len(done) >= 150
+    for n, last in done:
+        assert last["meta_info"]["finish_reason"]["type"] == "length"
+        assert last["meta_info"]["completion_tokens"] == n == len(last["output_ids"])
+    live = wait_idle(server, timeout=30)
+    assert live["num_running_reqs"] == 0 and live["token_usage"] == 0.0
+
+
+def test_api_key_guards_all_but_health_and_metrics():
+    srv = ServerProcess("--api-key", "sekret", "--load-format", "dummy", "--max-total-tokens", "2048")
+    try:
+        srv.wait_ready()
+        assert requests.get(srv.url + "/health").status_code == 200
+        assert requests.get(srv.url + "/metrics").status_code == 200
+        body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+        assert requests.post(srv.url + "/generate", json=body).status_code == 401
+        assert requests.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+        ok = requests.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 1
+    finally:
+        assert srv.stop() == 0
