@@ -19,6 +19,9 @@ $(VENV)/.installed: pyproject.toml setup.py
 
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PIP) install -q -e '.[runtime,test]'
+	# SGLang's own frontend, for the wire-compatibility test only (its heavy deps are not wanted)
+	$(PIP) install -q --no-deps sglang==0.5.10
+	$(PIP) install -q pybase64 IPython tqdm
 	touch $@
 
 setup: $(VENV)/.installed

@@ -50,6 +50,7 @@ class ReqState:
     rid: str
     prompt_tokens: int
     return_text_in_logprobs: bool
+    return_logprob: bool = False
     created: float = field(default_factory=time.perf_counter)
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
@@ -216,7 +217,10 @@ class TokenizerManager:
         """
         msg = self.tokenize_request(req)
         st = ReqState(
-            rid=msg.rid, prompt_tokens=len(msg.input_ids), return_text_in_logprobs=req.return_text_in_logprobs
+            rid=msg.rid,
+            prompt_tokens=len(msg.input_ids),
+            return_text_in_logprobs=req.return_text_in_logprobs,
+            return_logprob=req.return_logprob,
         )
         self.states[msg.rid] = st
         self._send(msg)
@@ -369,8 +373,10 @@ class TokenizerManager:
         for k in ("spec_accept_length", "spec_accept_rate", "spec_verify_ct"):
             if k in st.meta:
                 meta[k] = st.meta[k]
-        for key, vals in st.logprobs.items():
-            meta[key] = self._with_text(key, vals, st.return_text_in_logprobs)
+        if st.return_logprob:
+            # every logprob key is present (possibly empty) when logprobs were asked for
+            for key in _LOGPROB_KEYS.values():
+                meta[key] = self._with_text(key, st.logprobs.get(key, []), st.return_text_in_logprobs)
         return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta}
 
     def _with_text(self, key: str, vals: list, with_text: bool) -> list:
