@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from phloem.runtime.engine import Engine
+    from phloem.runtime.engine import Engine  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:

@@ -72,10 +72,10 @@ class Engine:
 
     async def _collect(self, reqs: list[GenerateRequest]) -> list[dict[str, Any]]:
         async def one(r: GenerateRequest) -> dict[str, Any]:
-            out: dict[str, Any] = {}
-            async for out in self.tm.generate(r):
-                pass
-            return out
+            last: dict[str, Any] = {}
+            async for chunk in self.tm.generate(r):
+                last = chunk
+            return last
 
         return list(await asyncio.gather(*(one(r) for r in reqs)))
 

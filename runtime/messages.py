@@ -14,7 +14,7 @@ receive. No pickle crosses a process boundary.
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 import msgspec
 
@@ -61,7 +61,7 @@ class ShutdownReq(msgspec.Struct, tag=True, kw_only=True):
     pass
 
 
-ToScheduler = Union[TokenizedGenerateReq, AbortReq, FlushCacheReq, GetStatsReq, UpdateWeightsReq, ShutdownReq]
+ToScheduler = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetStatsReq | UpdateWeightsReq | ShutdownReq
 
 # ---------------------------------------------------------------------------- to the detokenizer
 
@@ -101,7 +101,7 @@ class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):
     outs: list[ReqTokenOut]
 
 
-ToDetokenizer = Union[BatchTokenOut, ShutdownReq]
+ToDetokenizer = BatchTokenOut | ShutdownReq
 
 # ---------------------------------------------------------------------------- to the tokenizer manager
 
@@ -136,7 +136,7 @@ class SchedulerStats(msgspec.Struct, tag=True, kw_only=True):
     stats: dict[str, float]
 
 
-ToTokenizerManager = Union[BatchStrOut, Ready, ControlReply, SchedulerStats]
+ToTokenizerManager = BatchStrOut | Ready | ControlReply | SchedulerStats
 
 
 class Codec:

@@ -6,7 +6,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
-
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
 from phloem.runtime.scheduler.req import Req
 
@@ -71,10 +70,8 @@ def build_forward_input(
 def _logprob_request(batch: ScheduledBatch) -> LogprobRequest | None:
     if not any(r.return_logprob for r in batch.reqs):
         return None
-    starts = []
-    for i, r in enumerate(batch.reqs):
-        frm = batch.input_logprob_from[i] if batch.input_logprob_from else -1
-        starts.append(frm - batch.prefix_lens[i] if frm >= 0 else -1)
+    froms = batch.input_logprob_from or [-1] * len(batch.reqs)
+    starts = [frm - prefix if frm >= 0 else -1 for frm, prefix in zip(froms, batch.prefix_lens)]
     return LogprobRequest(
         return_logprob=torch.tensor([r.return_logprob for r in batch.reqs], dtype=torch.bool),
         top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in batch.reqs],

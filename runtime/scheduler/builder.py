@@ -36,7 +36,6 @@ def default_chunked_prefill_size(device_type: str) -> int:
 
 def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[Scheduler, SchedulerRuntime]:
     import torch
-
     from phloem.runtime.cache.allocator import TokenSlotAllocator
     from phloem.runtime.cache.cache_manager import CacheManager
     from phloem.runtime.cache.radix_tree import RadixTree

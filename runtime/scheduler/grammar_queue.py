@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import torch
-
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.req import Req
 

@@ -14,7 +14,6 @@ import traceback
 from typing import Any
 
 import zmq
-
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.ipc import IpcPaths, parent_alive, pull_socket, push_socket
 from phloem.runtime.messages import (
@@ -27,9 +26,9 @@ from phloem.runtime.messages import (
     SchedulerStats,
     ShutdownReq,
     ToDetokenizer,
+    TokenizedGenerateReq,
     ToScheduler,
     ToTokenizerManager,
-    TokenizedGenerateReq,
     UpdateWeightsReq,
 )
 from phloem.runtime.sampling.params import SamplingParams

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
+from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.batch import ScheduledBatch, build_forward_input, gather_new_tokens
 from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.policy import (
@@ -34,7 +35,6 @@ from phloem.runtime.scheduler.policy import (
 )
 from phloem.runtime.scheduler.prefill_adder import AddResult, PrefillAdder
 from phloem.runtime.scheduler.req import Req
-from phloem.runtime.sampling.stop import FinishReason
 
 logger = logging.getLogger("phloem.scheduler")
 

@@ -7,7 +7,6 @@ import random
 import time
 
 import pytest
-
 from phloem.runtime.errors import InvalidRequest
 
 from .conftest import pool_is_idle
@@ -162,7 +161,8 @@ def test_many_random_requests_with_aborts_leave_pool_intact(engine):
         abort_after = 2 if rng.random() < 0.1 else None
         n = 0
         last = None
-        async for last in stream:
+        async for chunk in stream:
+            last = chunk
             n += 1
             if abort_after is not None and n == abort_after:
                 engine.abort(f"rand-{i}")

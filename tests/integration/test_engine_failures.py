@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+from phloem.runtime.errors import InvalidRequest
 
 from phloem import Engine
 
@@ -64,7 +65,7 @@ def test_killed_scheduler_fails_pending_requests_quickly():
         assert reason["type"] == "abort" and "died" in reason["message"]
         assert time.time() - t0 < 10
         assert eng.health() == "broken"
-        with pytest.raises(Exception):
+        with pytest.raises(InvalidRequest, match="broken"):
             eng.generate("hello")
     finally:
         eng.shutdown()

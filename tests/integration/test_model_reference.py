@@ -10,7 +10,6 @@ import os
 
 import pytest
 import torch
-
 from phloem.runtime.executor.forward_io import LogprobRequest
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
 from phloem.runtime.model_files import resolve_model
@@ -94,7 +93,9 @@ def test_logprobs_match_transformers(runner: ModelRunner, hf_model, tokenizer: T
 
 
 @pytest.mark.parametrize("case", ["plain", "chat0", "chat1"])
-def test_greedy_continuations_match_transformers(case: str, runner: ModelRunner, hf_model, tokenizer: Tokenizer) -> None:
+def test_greedy_continuations_match_transformers(
+    case: str, runner: ModelRunner, hf_model, tokenizer: Tokenizer
+) -> None:
     text = PLAIN if case == "plain" else tokenizer.apply_chat_template(CHATS[int(case[-1])])
     ids = tokenizer.encode(text)
     eos = tokenizer.eos_token_id
