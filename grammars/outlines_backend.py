@@ -1,0 +1,209 @@
+"""Grammar backend over outlines-core: regular languages only (regex, JSON schema, JSON object).
+
+A JSON schema becomes a regex (``outlines_core.json_schema.build_regex_from_schema``) and a regex
+becomes a token-level DFA (``outlines_core.Index``). The matcher keeps its own stack of DFA states,
+which gives rollback and termination; EBNF and structural tags need a context-free parser and are
+rejected with a :class:`GrammarError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import outlines_core
+import torch
+from outlines_core.json_schema import build_regex_from_schema
+
+from .base import GrammarBackend, GrammarKind, GrammarMatcher, GrammarSpec, fill_stop_only
+
+_TERMINATED = -1  # pseudo-state pushed when a stop token is accepted
+_MAX_JUMP_STEPS = 256
+
+
+@dataclass
+class _OutlinesGrammar:
+    """A compiled DFA plus per-state masks computed on first use (shared by matchers)."""
+
+    index: outlines_core.Index
+    token_bytes: list[bytes | None]
+    stop_token_ids: tuple[int, ...]
+    num_words: int
+    masks: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def mask(self, state: int) -> np.ndarray:
+        """The int32 mask row of a DFA state (cached)."""
+        row = self.masks.get(state)
+        if row is None:
+            row = self._build_mask(state)
+            self.masks[state] = row
+        return row
+
+    def _build_mask(self, state: int) -> np.ndarray:
+        allowed = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
+        allowed = allowed[np.isin(allowed, self.stop_token_ids, invert=True)]
+        if self.index.is_final_state(state):
+            allowed = np.concatenate([allowed, np.asarray(self.stop_token_ids, dtype=np.int64)])
+        bits = np.zeros(self.num_words * 32, dtype=np.uint8)
+        bits[allowed] = 1
+        return np.packbits(bits, bitorder="little").view(np.int32)
+
+    def next_state(self, state: int, token_id: int) -> int | None:
+        """The state after ``token_id``, ``_TERMINATED`` for an allowed stop token, else None."""
+        if token_id in self.stop_token_ids:
+            return _TERMINATED if self.index.is_final_state(state) else None
+        if not 0 <= token_id < len(self.token_bytes) or self.token_bytes[token_id] is None:
+            return None
+        return self.index.get_next_state(state, token_id)
+
+
+class OutlinesMatcher(GrammarMatcher):
+    """Matcher over an outlines-core DFA; ``states[-1]`` is the current state."""
+
+    def __init__(self, grammar: _OutlinesGrammar, states: list[int]):
+        self._grammar = grammar
+        self._states = states
+
+    def accept_token(self, token_id: int) -> bool:
+        if self.is_terminated():
+            return False
+        state = self._grammar.next_state(self._states[-1], int(token_id))
+        if state is None:
+            return False
+        self._states.append(state)
+        return True
+
+    def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int = 0) -> None:
+        if self.is_terminated():
+            fill_stop_only(bitmask, row, self._grammar.stop_token_ids)
+            return
+        bitmask[row].copy_(torch.from_numpy(self._grammar.mask(self._states[-1])))
+
+    def rollback(self, num_tokens: int) -> None:
+        if not 0 <= num_tokens <= self.num_accepted:
+            raise ValueError(f"cannot roll back {num_tokens} of {self.num_accepted} accepted tokens")
+        if num_tokens:
+            del self._states[-num_tokens:]
+
+    def is_terminated(self) -> bool:
+        return self._states[-1] == _TERMINATED
+
+    def find_jump_forward_string(self) -> str:
+        """Common prefix of every allowed token, extended while that prefix is itself a token."""
+        grammar, state, forced = self._grammar, self._states[-1], b""
+        for _ in range(_MAX_JUMP_STEPS):
+            if state == _TERMINATED or grammar.index.is_final_state(state):
+                break
+            prefix, exact = self._common_prefix(state)
+            forced += prefix
+            if exact is None:
+                break
+            state = grammar.index.get_next_state(state, exact)
+        return forced.decode("utf-8", errors="ignore")
+
+    def _common_prefix(self, state: int) -> tuple[bytes, int | None]:
+        """Longest common byte prefix of allowed tokens, and a token spelling exactly that prefix."""
+        allowed = [
+            t
+            for t in self._grammar.index.get_allowed_tokens(state) or []
+            if t not in self._grammar.stop_token_ids
+        ]
+        spellings = {t: self._grammar.token_bytes[t] or b"" for t in allowed}
+        if not spellings:
+            return b"", None
+        lo, hi = min(spellings.values()), max(spellings.values())
+        size = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
+        prefix = lo[:size]
+        exact = next((t for t, s in spellings.items() if s == prefix), None) if prefix else None
+        return prefix, exact
+
+    def copy(self) -> OutlinesMatcher:
+        return OutlinesMatcher(self._grammar, list(self._states))
+
+    @property
+    def num_accepted(self) -> int:
+        return len(self._states) - 1
+
+
+class OutlinesBackend(GrammarBackend):
+    """Compiles regexes (and JSON schemas via regexes) into outlines-core token DFAs.
+
+    Parameters
+    ----------
+    whitespace_pattern : str | None
+        Regex for the whitespace a JSON schema allows between tokens (outlines' default if None).
+    max_recursion_depth : int
+        How deep recursive ``$ref`` schemas are unrolled into the regex.
+    """
+
+    name = "outlines"
+    supported_kinds = frozenset({GrammarKind.JSON_SCHEMA, GrammarKind.REGEX, GrammarKind.JSON_OBJECT})
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        vocab_size: int,
+        stop_token_ids: Sequence[int],
+        whitespace_pattern: str | None = None,
+        max_recursion_depth: int = 3,
+    ) -> None:
+        super().__init__(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        self._whitespace = whitespace_pattern
+        self._max_depth = max_recursion_depth
+        self._token_bytes = token_bytes_table(tokenizer, vocab_size=self.vocab_size)
+        self._vocabulary = _build_vocabulary(self._token_bytes, self.stop_token_ids)
+
+    def _compile(self, spec: GrammarSpec) -> _OutlinesGrammar:
+        index = outlines_core.Index(self._regex(spec), self._vocabulary)
+        return _OutlinesGrammar(
+            index=index,
+            token_bytes=self._token_bytes,
+            stop_token_ids=self.stop_token_ids,
+            num_words=(self.vocab_size + 31) // 32,
+        )
+
+    def _regex(self, spec: GrammarSpec) -> str:
+        if spec.kind is GrammarKind.REGEX:
+            return spec.text
+        text = spec.text if spec.kind is GrammarKind.JSON_SCHEMA else '{"type": "object"}'
+        return build_regex_from_schema(text, self._whitespace, self._max_depth)
+
+    def _new_matcher(self, handle: _OutlinesGrammar) -> OutlinesMatcher:
+        return OutlinesMatcher(handle, [handle.index.get_initial_state()])
+
+
+def token_bytes_table(tokenizer: Any, *, vocab_size: int) -> list[bytes | None]:
+    """The bytes each token id spells; None for special tokens and ids the tokenizer lacks.
+
+    Handles byte-level BPE (GPT-2 style ``Ġ`` alphabet) and SentencePiece (``▁``, ``<0xNN>``).
+    """
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    unicode_to_byte = {u: b for b, u in bytes_to_unicode().items()}
+    special = {t for t, tok in tokenizer.added_tokens_decoder.items() if tok.special}
+    table: list[bytes | None] = [None] * vocab_size
+    for piece, token_id in tokenizer.get_vocab().items():
+        if token_id < vocab_size and token_id not in special:
+            table[token_id] = _piece_bytes(piece, unicode_to_byte)
+    return table
+
+
+def _piece_bytes(piece: str, unicode_to_byte: dict[str, int]) -> bytes:
+    """Bytes of one vocabulary piece."""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    if all(ch in unicode_to_byte for ch in piece):
+        return bytes(unicode_to_byte[ch] for ch in piece)
+    return piece.replace("\u2581", " ").encode("utf-8")
+
+
+def _build_vocabulary(table: list[bytes | None], stop_token_ids: tuple[int, ...]) -> outlines_core.Vocabulary:
+    """An outlines-core vocabulary of every ordinary token (stop tokens handled by the matcher)."""
+    pieces: dict[bytes, list[int]] = {}
+    for token_id, piece in enumerate(table):
+        if piece and token_id not in stop_token_ids:
+            pieces.setdefault(piece, []).append(token_id)
+    return outlines_core.Vocabulary(stop_token_ids[0], pieces)
