@@ -18,7 +18,6 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
-
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput
 
 

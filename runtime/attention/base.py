@@ -1,0 +1,79 @@
+"""The attention backend interface (DESIGN.md §5).
+
+A backend reads and writes the paged KV pool. Per forward pass the model runner calls
+:meth:`AttentionBackend.init_metadata` once; then every attention layer calls
+:meth:`AttentionBackend.forward`, which dispatches on the batch's mode. Shapes::
+
+    q: [T, num_heads, head_dim]    k, v: [T, num_kv_heads, head_dim]    out: [T, num_heads, head_dim]
+
+where ``T`` is the number of new tokens in the batch (flat, requests back to back).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+from phloem.runtime.executor.forward_io import ForwardMode
+
+if TYPE_CHECKING:
+    from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+    from phloem.runtime.executor.forward_io import ForwardInput
+
+__all__ = ["AttentionBackend"]
+
+
+class AttentionBackend(ABC):
+    """Paged attention over a :class:`KVPool` addressed through ``req_to_token``.
+
+    Parameters
+    ----------
+    kv_pool, req_to_token_pool:
+        Shared with the model runner; the backend writes new K/V into ``kv_pool``.
+    num_heads:
+        Query heads (the pool knows the KV heads and head size).
+    """
+
+    def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, *, num_heads: int) -> None:
+        self.kv_pool = kv_pool
+        self.req_to_token_pool = req_to_token_pool
+        self.num_heads = num_heads
+        self.scale = kv_pool.head_dim**-0.5
+        self.mode = ForwardMode.IDLE
+
+    @abstractmethod
+    def init_metadata(self, forward_input: ForwardInput) -> None:
+        """Prepare per-batch indices for ``forward_input`` (already on the backend's device).
+
+        Replaces the previous batch's metadata; valid until the next call. Reads
+        ``req_to_token`` as it is now, so the scheduler must have written this batch's slots.
+        """
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """Attention of layer ``layer`` for the current batch; writes ``k``/``v`` at ``out_slots``."""
+        if self.mode == ForwardMode.DECODE:
+            return self.forward_decode(q, k, v, layer)
+        if self.mode == ForwardMode.EXTEND:
+            return self.forward_extend(q, k, v, layer)
+        raise RuntimeError(f"attention called in mode {self.mode!r}; call init_metadata first")
+
+    @abstractmethod
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """Ragged new tokens attending causally to their request's cached prefix and to each other.
+
+        Writes the new ``k``/``v`` into the pool at the batch's ``out_slots`` first. Token ``t`` of
+        request ``r`` (at position ``prefix_lens[r] + i``) sees slots
+        ``req_to_token[r, 0 : prefix_lens[r] + i + 1]``.
+        """
+
+    @abstractmethod
+    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """One query per request over ``req_to_token[r, 0 : seq_lens[r]]`` (its own K/V included).
+
+        Writes the new ``k``/``v`` at ``out_slots`` first.
+        """
+
+    def forward_verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        """Draft-tree verification with a tree mask (speculative decoding)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support tree verification yet")

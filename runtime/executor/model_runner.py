@@ -1,0 +1,476 @@
+"""``ModelRunner``: from a model source to logits and sampled tokens (DESIGN.md §5).
+
+Owns the model, the KV pool, the ``req_to_token`` table and the attention backend. One call to
+:meth:`ModelRunner.forward` runs one batch: move the :class:`ForwardInput` to the device, run the
+model (each layer writes its K/V at ``out_slots``), compute logits only where needed, sample, and
+gather the logprobs the batch asked for.
+
+dtype on CPU: ``auto`` picks float32. Measured on the reference machine (AVX2, no AVX-512 BF16 or
+AMX), bfloat16 matmuls are emulated and decode runs several times slower than float32; see
+``benchmarks/cpu_model.py``. On CUDA ``auto`` picks bfloat16.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from phloem.runtime.attention.registry import get_attention_backend_class, resolve_attention_backend
+from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+from phloem.runtime.executor.forward_io import (
+    ForwardInput,
+    ForwardMode,
+    ForwardOutput,
+    LogprobRequest,
+    SamplingInfo,
+    TokenLogprobs,
+)
+from phloem.runtime.model_files import ModelSource
+from phloem.runtime.models.config import ModelConfig
+from phloem.runtime.models.registry import get_model_class
+from torch import nn
+
+__all__ = ["DirectBatcher", "ModelRunner", "greedy_sampling_info"]
+
+logger = logging.getLogger(__name__)
+
+SamplerFn = Callable[[torch.Tensor, SamplingInfo], torch.Tensor]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CPU_MAX_DEFAULT_TOKENS = 32768  # CPU pools stay modest unless max_total_tokens says otherwise
+_DEFAULT_MEM_FRACTION = {"cpu": 0.25, "cuda": 0.85}
+
+
+@dataclass(frozen=True)
+class _LogitRows:
+    """Which hidden rows get logits: ``rows`` into the flat token axis, ``last`` into ``rows``.
+
+    ``starts[r]``: index into ``rows`` of request r's first selected row (``-1`` if only its
+    last row is selected); ``first_new[r]``: extend offset of that first selected row.
+    """
+
+    rows: torch.Tensor  # [N] int64
+    last: torch.Tensor  # [B] int64
+    starts: list[int]
+    first_new: list[int]
+
+
+class ModelRunner:
+    """Loads a model and runs forward passes over the paged KV pool.
+
+    Parameters
+    ----------
+    model_source:
+        From :func:`phloem.runtime.model_files.resolve_model`.
+    dtype:
+        ``auto``, ``float32``, ``bfloat16`` or ``float16`` (weights, activations and KV).
+    device:
+        ``auto`` (CUDA when available), ``cpu`` or ``cuda[:i]``.
+    attention_backend:
+        Registry name or ``auto``.
+    max_total_tokens:
+        KV pool size in tokens; default from ``mem_fraction_static`` of device memory minus weights
+        (on CPU also capped at 32768).
+    mem_fraction_static:
+        Fraction of device memory for weights + KV pool (default 0.85 CUDA, 0.25 CPU).
+    max_running_requests:
+        Rows of ``req_to_token`` (default ``min(256, max_total_tokens // 2)``).
+    context_len:
+        Override of the model's context length.
+    seed:
+        Seed for dummy weights.
+    sampler:
+        ``(logits [B, V] float32, SamplingInfo) -> [B] int64``; default
+        :class:`phloem.runtime.sampling.sampler.Sampler`.
+    """
+
+    def __init__(
+        self,
+        model_source: ModelSource,
+        *,
+        dtype: str = "auto",
+        device: str = "auto",
+        attention_backend: str = "auto",
+        max_total_tokens: int | None = None,
+        mem_fraction_static: float | None = None,
+        max_running_requests: int | None = None,
+        context_len: int | None = None,
+        seed: int = 0,
+        sampler: SamplerFn | None = None,
+    ) -> None:
+        self.device = _resolve_device(device)
+        self.dtype = _resolve_dtype(dtype, self.device)
+        config, weights = _load_checkpoint(model_source)
+        self.context_len = int(context_len or config.context_len)
+        self.model_config = config.replace(context_len=max(self.context_len, config.context_len))
+        self.model = self._build_model(weights, seed)
+        self.max_total_num_tokens = self._pool_tokens(max_total_tokens, mem_fraction_static)
+        self.max_running_requests = int(
+            max_running_requests or min(256, max(1, self.max_total_num_tokens // 2))
+        )
+        self.kv_pool = self._make_kv_pool()
+        self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_len, self.device)
+        backend_name = resolve_attention_backend(attention_backend, self.device)
+        backend_cls = get_attention_backend_class(backend_name)
+        self.attn_backend = backend_cls(self.kv_pool, self.req_to_token_pool, num_heads=config.num_heads)
+        self.attention_backend_name = backend_name
+        self._sampler = sampler
+        logger.info(
+            "model runner ready: dtype=%s device=%s attention=%s max_total_num_tokens=%d "
+            "max_running_requests=%d context_len=%d",
+            self.dtype, self.device, backend_name, self.max_total_num_tokens,
+            self.max_running_requests, self.context_len,
+        )  # fmt: skip
+
+    # ---- construction -------------------------------------------------------------------------
+    def _build_model(self, weights: dict[str, torch.Tensor] | None, seed: int) -> nn.Module:
+        model = _build_model_on(self.model_config, self.device)
+        if weights is None:
+            from phloem.runtime.executor.dummy import init_dummy_weights
+
+            init_dummy_weights(model, seed=seed)
+        else:
+            model.load_weights(weights.items())  # type: ignore[operator]
+        _cast_parameters(model, self.dtype)
+        return model.eval()
+
+    def _pool_tokens(self, max_total_tokens: int | None, mem_fraction: float | None) -> int:
+        if max_total_tokens is not None:
+            return int(max_total_tokens)
+        cfg = self.model_config
+        per_token = KVPool.bytes_per_token_for(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        fraction = mem_fraction if mem_fraction is not None else _DEFAULT_MEM_FRACTION[self.device.type]
+        budget = _device_memory(self.device) * fraction - self.weight_bytes
+        tokens = int(budget // per_token)
+        if self.device.type == "cpu":
+            tokens = min(tokens, _CPU_MAX_DEFAULT_TOKENS)
+        if tokens < self.context_len // 8:
+            raise RuntimeError(
+                f"not enough memory for the KV pool: {tokens} tokens fit; lower the context length"
+            )
+        return tokens
+
+    def _make_kv_pool(self) -> KVPool:
+        cfg = self.model_config
+        return KVPool(
+            cfg.num_layers,
+            self.max_total_num_tokens + 1,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            self.dtype,
+            self.device,
+        )
+
+    # ---- public info --------------------------------------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.model_config.vocab_size
+
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes of all parameters (a tied embedding counted once)."""
+        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+
+    @property
+    def sampler(self) -> SamplerFn:
+        if self._sampler is None:
+            from phloem.runtime.sampling.sampler import Sampler
+
+            self._sampler = Sampler()
+        return self._sampler
+
+    @sampler.setter
+    def sampler(self, fn: SamplerFn) -> None:
+        self._sampler = fn
+
+    # ---- forward ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def forward(self, fi: ForwardInput) -> ForwardOutput:
+        """Run one batch and sample one token per request.
+
+        Writes the batch's K/V into ``kv_pool`` at ``fi.out_slots``. Logits are computed for each
+        request's last new token, plus, for requests with an input-logprob start, the rows needed
+        for those logprobs. ``next_token_ids`` stays on the device.
+        """
+        host = fi
+        dev = fi if self.device.type == "cpu" else fi.to(self.device)
+        plan = self._logit_rows(host)
+        logits = self._logits(dev, plan)  # [N, V] float32
+        last = (
+            logits
+            if plan.rows.numel() == host.batch_size and not plan.starts
+            else logits[plan.last.to(logits.device)]
+        )
+        next_ids = self.sampler(last, dev.sampling)  # [B]
+        out_lp = self._logprobs(host, plan, logits, next_ids) if host.logprobs is not None else None
+        cpu_ids, event = self._copy_to_host(next_ids)
+        return ForwardOutput(
+            next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs=out_lp
+        )
+
+    @torch.inference_mode()
+    def forward_logits(self, fi: ForwardInput) -> torch.Tensor:
+        """Float32 logits ``[B, V]`` of each request's last new token (no sampling); for tests."""
+        plan = self._logit_rows(fi)
+        dev = fi if self.device.type == "cpu" else fi.to(self.device)
+        return self._logits(dev, plan)[plan.last.to(self.device)]
+
+    def _logits(self, fi: ForwardInput, plan: _LogitRows) -> torch.Tensor:
+        self.attn_backend.init_metadata(fi)
+        hidden = self.model(fi.input_ids, fi.positions, self.attn_backend)  # [T, H]
+        if fi.mode == ForwardMode.DECODE and not plan.starts:
+            return self.model.compute_logits(hidden)  # one row per request already
+        return self.model.compute_logits(hidden[plan.rows.to(hidden.device)])
+
+    def _logit_rows(self, fi: ForwardInput) -> _LogitRows:
+        """Plan logit rows on the host (see :class:`_LogitRows`)."""
+        extend = fi.extend_lens.tolist()
+        lp_starts = fi.logprobs.input_logprob_starts if fi.logprobs is not None else []
+        wants = [r for r, s in enumerate(lp_starts) if 0 <= s < extend[r]]
+        if fi.mode == ForwardMode.DECODE and not wants:
+            idx = torch.arange(len(extend))
+            return _LogitRows(rows=idx, last=idx, starts=[], first_new=[])
+        rows: list[int] = []
+        last: list[int] = []
+        starts, first_new = [-1] * len(extend), [0] * len(extend)
+        offset = 0
+        for r, e in enumerate(extend):
+            lo = max(lp_starts[r], 1) - 1 if r in wants else e - 1
+            starts[r] = len(rows) if r in wants else -1
+            first_new[r] = lo
+            rows.extend(range(offset + lo, offset + e))
+            last.append(len(rows) - 1)
+            offset += e
+        return _LogitRows(torch.tensor(rows), torch.tensor(last), starts if wants else [], first_new)
+
+    def _copy_to_host(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        if ids.device.type == "cpu":
+            return ids, None
+        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        host.copy_(ids, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return host, event
+
+    # ---- logprobs -----------------------------------------------------------------------------
+    def _logprobs(
+        self, fi: ForwardInput, plan: _LogitRows, logits: torch.Tensor, next_ids: torch.Tensor
+    ) -> list[TokenLogprobs]:
+        """Per-request logprobs from ``log_softmax`` of the raw logits (before any sampling transform)."""
+        lp = fi.logprobs
+        assert lp is not None
+        logp = torch.log_softmax(logits.float(), dim=-1).cpu()  # [N, V]
+        last = plan.last if plan.starts or plan.rows.numel() != fi.batch_size else torch.arange(fi.batch_size)
+        sampled = next_ids.cpu().tolist()
+        ids = fi.input_ids.tolist()
+        offsets = [0, *torch.cumsum(fi.extend_lens, 0).tolist()]
+        out = []
+        for r in range(fi.batch_size):
+            res = _output_logprobs(lp, r, logp[int(last[r])], sampled[r])
+            start = lp.input_logprob_starts[r] if r < len(lp.input_logprob_starts) else -1
+            if plan.starts and plan.starts[r] >= 0:
+                new_ids = ids[offsets[r] : offsets[r + 1]]
+                _input_logprobs(res, lp, r, logp, plan.starts[r] - plan.first_new[r], start, new_ids)
+            out.append(res)
+        return out
+
+
+def _output_logprobs(lp: LogprobRequest, r: int, row: torch.Tensor, token: int) -> TokenLogprobs:
+    res = TokenLogprobs()
+    if bool(lp.return_logprob[r]):
+        res.output_logprob = float(row[token])
+    k = lp.top_logprobs_nums[r] if r < len(lp.top_logprobs_nums) else 0
+    if k > 0:
+        res.output_top = _topk(row, k)
+    wanted = lp.token_ids_logprob[r] if r < len(lp.token_ids_logprob) else None
+    if wanted:
+        res.output_token_ids = [(t, float(row[t])) for t in wanted]
+    return res
+
+
+def _input_logprobs(
+    res: TokenLogprobs,
+    lp: LogprobRequest,
+    r: int,
+    logp: torch.Tensor,
+    base: int,
+    start: int,
+    new_ids: list[int],
+) -> None:
+    """Fill input logprobs of new tokens ``start ..`` of request ``r``.
+
+    Row ``base + j`` of ``logp`` holds the distribution after new token ``j``, so new token ``j``
+    reads row ``base + j - 1``. New token 0 has no row in this pass: ``None`` (the scheduler starts
+    one token earlier when it needs that value).
+    """
+    k = lp.top_logprobs_nums[r] if r < len(lp.top_logprobs_nums) else 0
+    wanted = lp.token_ids_logprob[r] if r < len(lp.token_ids_logprob) else None
+    values: list[float | None] = []
+    tops: list[list[tuple[int, float]]] = []
+    given: list[list[tuple[int, float]]] = []
+    for j in range(start, len(new_ids)):
+        if j == 0:
+            values.append(None)
+            tops.append([])
+            given.append([])
+            continue
+        row = logp[base + j - 1]
+        values.append(float(row[new_ids[j]]))
+        tops.append(_topk(row, k) if k > 0 else [])
+        given.append([(t, float(row[t])) for t in wanted] if wanted else [])
+    res.input_logprobs = values
+    res.input_top = tops if k > 0 else None
+    res.input_token_ids = given if wanted else None
+
+
+def _topk(row: torch.Tensor, k: int) -> list[tuple[int, float]]:
+    vals, idx = row.topk(min(k, row.shape[-1]))
+    return list(zip(idx.tolist(), vals.tolist()))
+
+
+# ---- loading ----------------------------------------------------------------------------------
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype == "auto":
+        return torch.float32 if device.type == "cpu" else torch.bfloat16
+    if dtype not in _DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected auto, {', '.join(_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def _load_checkpoint(source: ModelSource) -> tuple[ModelConfig, dict[str, torch.Tensor] | None]:
+    """Config and weights (HF names); weights are ``None`` for dummy models."""
+    if source.kind == "gguf":
+        from phloem.runtime.executor.weights_gguf import load_gguf_weights
+
+        return load_gguf_weights(source.path)
+    if source.kind == "safetensors":
+        from phloem.runtime.executor.weights_hf import hf_model_config, iter_hf_weights
+
+        return hf_model_config(source.path), dict(iter_hf_weights(source.path))
+    return ModelConfig.dummy(source.path), None
+
+
+def _build_model_on(cfg: ModelConfig, device: torch.device) -> nn.Module:
+    with torch.device(device):
+        return get_model_class(cfg.arch)(cfg)
+
+
+def _cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
+    """Cast parameters only: buffers such as the RoPE tables stay float32."""
+    for p in model.parameters():
+        p.data = p.data.to(dtype)
+
+
+def _device_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class DirectBatcher:
+    """Drive a :class:`ModelRunner` without a scheduler (tests, benchmarks, offline scripts).
+
+    Keeps each sequence's token list and ``req_to_token`` row, hands out KV slots from a simple
+    bump counter (no reuse), and builds greedy :class:`ForwardInput` batches.
+    """
+
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.tokens: dict[int, list[int]] = {}  # sequence id -> tokens whose K/V is in the pool
+        self._next_slot = 1  # slot 0 is padding
+
+    def new_sequence(self) -> int:
+        """A fresh sequence id (its ``req_to_token`` row)."""
+        row = self.runner.req_to_token_pool.alloc()
+        if row is None:
+            raise RuntimeError("no free req_to_token rows")
+        self.tokens[row] = []
+        return row
+
+    def release(self, seq: int) -> None:
+        self.runner.req_to_token_pool.free(seq)
+        del self.tokens[seq]
+
+    def build(
+        self,
+        new_tokens: dict[int, list[int]],
+        *,
+        decode: bool = False,
+        logprobs: LogprobRequest | None = None,
+    ) -> ForwardInput:
+        """Append ``new_tokens`` per sequence (slots allocated now) and describe the pass."""
+        ids, positions, slots, prefix, extend = [], [], [], [], []
+        table = self.runner.req_to_token_pool.req_to_token
+        for seq, new in new_tokens.items():
+            start = len(self.tokens[seq])
+            fresh = torch.arange(self._next_slot, self._next_slot + len(new))
+            if self._next_slot + len(new) > self.runner.kv_pool.num_slots:
+                raise RuntimeError("KV pool exhausted")
+            self._next_slot += len(new)
+            table[seq, start : start + len(new)] = fresh.to(table.device)
+            self.tokens[seq].extend(new)
+            ids += new
+            positions += range(start, start + len(new))
+            slots += fresh.tolist()
+            prefix.append(start)
+            extend.append(len(new))
+        b = len(new_tokens)
+        lens = torch.tensor(extend)
+        return ForwardInput(
+            mode=ForwardMode.DECODE if decode else ForwardMode.EXTEND,
+            input_ids=torch.tensor(ids, dtype=torch.int64),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            out_slots=torch.tensor(slots, dtype=torch.int64),
+            req_pool_indices=torch.tensor(list(new_tokens), dtype=torch.int64),
+            seq_lens=torch.tensor(prefix) + lens,
+            prefix_lens=torch.tensor(prefix),
+            extend_lens=lens,
+            sampling=greedy_sampling_info(b),
+            logprobs=logprobs,
+        )
+
+    def step(
+        self, new_tokens: dict[int, list[int]], *, decode: bool = False, **kw: LogprobRequest
+    ) -> ForwardOutput:
+        """Build and run one pass; returns the runner's output."""
+        return self.runner.forward(self.build(new_tokens, decode=decode, **kw))
+
+    def logits(self, new_tokens: dict[int, list[int]], *, decode: bool = False) -> torch.Tensor:
+        """Build and run one pass; float32 logits ``[B, V]`` of each last new token."""
+        return self.runner.forward_logits(self.build(new_tokens, decode=decode))
+
+    def generate_greedy(
+        self, prompt: list[int], max_new_tokens: int, *, stop_ids: set[int] = frozenset()
+    ) -> list[int]:
+        """Greedy continuation of ``prompt`` via one prefill and single-token decode steps."""
+        seq = self.new_sequence()
+        out: list[int] = []
+        try:
+            token = self.step({seq: prompt}).synchronize()[0]
+            while True:
+                out.append(token)
+                if token in stop_ids or len(out) >= max_new_tokens:
+                    return out
+                token = self.step({seq: [token]}, decode=True).synchronize()[0]
+        finally:
+            self.release(seq)
+
+
+def greedy_sampling_info(batch_size: int) -> SamplingInfo:
+    """:class:`SamplingInfo` for ``batch_size`` greedy rows."""
+    return SamplingInfo(
+        temperatures=torch.zeros(batch_size),
+        top_ps=torch.ones(batch_size),
+        top_ks=torch.full((batch_size,), -1, dtype=torch.int64),
+        min_ps=torch.zeros(batch_size),
+        is_greedy_all=True,
+    )

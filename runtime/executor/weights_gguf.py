@@ -1,0 +1,148 @@
+"""GGUF weights: dequantize once, rename to Hugging Face names, cache as safetensors.
+
+Dequantizing the default model takes a few seconds, so the float32 result is cached under
+:func:`phloem.runtime.model_files.gguf_cache_dir` (keyed by path, size and mtime) together with
+the derived :class:`ModelConfig`; later loads memory-map the cache.
+
+llama.cpp stores Llama's Q and K projections with the rows of each head permuted for its
+interleaved RoPE; :func:`unpermute_rope_rows` restores the Hugging Face (rotate-half) order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from phloem.runtime.model_files import GGUFFile, GGUFTensorInfo, gguf_cache_dir, read_gguf
+from phloem.runtime.models.config import ModelConfig
+
+__all__ = ["gguf_model_config", "load_gguf_weights", "unpermute_rope_rows"]
+
+_WEIGHTS_FILE, _CONFIG_FILE = "weights.safetensors", "model_config.json"
+
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_BLOCK_NAMES = {
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_BLOCK = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """Hugging Face name of a GGUF tensor, or ``None`` for tensors the model does not use."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    m = _BLOCK.match(gguf_name)
+    if m is None or m.group(2) not in _BLOCK_NAMES:
+        return None
+    return f"model.layers.{m.group(1)}.{_BLOCK_NAMES[m.group(2)]}.{m.group(3)}"
+
+
+def unpermute_rope_rows(w: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's per-head row permutation of a Q or K projection (weight or bias).
+
+    llama.cpp writes, per head, rows ``[0, D/2, 1, D/2+1, ...]`` (pairs interleaved); HF keeps
+    ``[0..D/2) | [D/2..D)``.
+    """
+    rows = w.shape[0]
+    head_dim = rows // num_heads
+    rest = w.shape[1:]
+    x = w.reshape(num_heads, head_dim // 2, 2, *rest)  # [heads, D/2, pair, ...]
+    return x.transpose(1, 2).reshape(rows, *rest)  # [heads, pair, D/2, ...] -> [rows, ...]
+
+
+def gguf_model_config(g: GGUFFile) -> ModelConfig:
+    """:class:`ModelConfig` from a parsed GGUF file."""
+    md = dict(g.metadata)
+    md["phloem.tensor_names"] = {t.name for t in g.tensors}
+    return ModelConfig.from_gguf_metadata(md)
+
+
+def load_gguf_weights(path: str, *, use_cache: bool = True) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Config and float32 weights (HF names) of a GGUF model, from the cache when possible.
+
+    Parameters
+    ----------
+    path:
+        The ``.gguf`` file.
+    use_cache:
+        Read and write the dequantized-weights cache.
+
+    Returns
+    -------
+    (ModelConfig, dict[str, torch.Tensor])
+    """
+    from safetensors.torch import load_file
+
+    folder = gguf_cache_dir(path)
+    weights_path, config_path = os.path.join(folder, _WEIGHTS_FILE), os.path.join(folder, _CONFIG_FILE)
+    if use_cache and os.path.exists(weights_path) and os.path.exists(config_path):
+        with open(config_path) as f:
+            cfg = ModelConfig(**json.load(f))
+        return cfg, load_file(weights_path)
+    g = read_gguf(path)
+    cfg = gguf_model_config(g)
+    tensors = dict(_dequantize_all(g, cfg))
+    if use_cache:
+        _write_cache(folder, cfg, tensors)
+    return cfg, tensors
+
+
+def _dequantize_all(g: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    data = np.memmap(g.path, dtype=np.uint8, mode="r")
+    heads = {"self_attn.q_proj": cfg.num_heads, "self_attn.k_proj": cfg.num_kv_heads}
+    for info in g.tensors:
+        name = hf_name(info.name)
+        if name is None:
+            continue
+        arr = np.ascontiguousarray(_dequantize(data, info), dtype=np.float32)
+        w = torch.from_numpy(arr if arr.flags.writeable else arr.copy())
+        proj = name.rsplit(".", 1)[0].split(".", 3)[-1]
+        if cfg.arch == "llama" and proj in heads:
+            w = unpermute_rope_rows(w, heads[proj])
+        yield name, w.contiguous()
+
+
+def _dequantize(data: np.ndarray, info: GGUFTensorInfo) -> np.ndarray:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    qtype = GGMLQuantizationType(info.ggml_type)
+    block, type_size = GGML_QUANT_SIZES[qtype]
+    row = info.shape[-1]
+    row_bytes = row // block * type_size
+    rows = int(np.prod(info.shape[:-1], dtype=np.int64))
+    raw = data[info.offset : info.offset + rows * row_bytes].reshape(rows, row_bytes)
+    return dequantize(raw, qtype).reshape(info.shape)
+
+
+def _write_cache(folder: str, cfg: ModelConfig, tensors: dict[str, torch.Tensor]) -> None:
+    """Write atomically (temp name, then rename) so a crash never leaves a half cache."""
+    from safetensors.torch import save_file
+
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".{_WEIGHTS_FILE}.{os.getpid()}.tmp")
+    save_file(tensors, tmp)
+    os.replace(tmp, os.path.join(folder, _WEIGHTS_FILE))
+    tmp = os.path.join(folder, f".{_CONFIG_FILE}.{os.getpid()}.tmp")
+    with open(tmp, "w") as f:
+        json.dump(dataclasses.asdict(cfg), f)
+    os.replace(tmp, os.path.join(folder, _CONFIG_FILE))

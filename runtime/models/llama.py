@@ -1,0 +1,158 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Qwen2 with q/k/v bias, Qwen3 with q/k RMSNorm).
+
+Parameter names follow Hugging Face checkpoints except for two fused projections:
+``self_attn.qkv_proj`` (q, k, v stacked) and ``mlp.gate_up_proj`` (gate, up stacked), filled by
+:meth:`LlamaForCausalLM.load_weights` from the separate checkpoint tensors.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+import torch
+from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.layers.activation import silu_and_mul
+from phloem.runtime.layers.embedding import LMHead, VocabEmbedding
+from phloem.runtime.layers.linear import Linear, MergedLinear
+from phloem.runtime.layers.rmsnorm import RMSNorm
+from phloem.runtime.layers.rotary import RotaryEmbedding
+from phloem.runtime.models.config import ModelConfig
+from torch import nn
+
+__all__ = ["LlamaForCausalLM"]
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin tables of this batch's positions, [T, 1, D/2]
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        self.split = [q_size, kv_size, kv_size]
+        parts = {"q": q_size, "k": kv_size, "v": kv_size}
+        self.qkv_proj = MergedLinear(cfg.hidden_size, parts, bias=cfg.attention_bias)
+        self.o_proj = Linear(q_size, cfg.hidden_size)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+
+    def forward(self, rope: Rope, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        t = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
+        v = v.view(t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = RotaryEmbedding.apply(q, k, rope)
+        out = attn.forward(q, k, v, self.layer_id)  # [T, Hq, D]
+        return self.o_proj(out.reshape(t, -1))  # [T, Hq * D] -> [T, H]
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        width = cfg.intermediate_size
+        self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": width, "up": width})
+        self.down_proj = Linear(width, cfg.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = LlamaAttention(cfg, layer_id)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg)
+
+    def forward(self, rope: Rope, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        x = x + self.self_attn(rope, self.input_layernorm(x), attn)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.context_len, cfg.rope_theta, cfg.rope_scaling)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [T, H]
+        rope = self.rotary.cos_sin(positions)  # shared by every layer
+        for layer in self.layers:
+            x = layer(rope, x, attn)
+        return self.norm(x)
+
+
+# checkpoint name -> (fused parameter prefix, part) for the stacked projections
+_FUSED = re.compile(r"^(.*)\.(self_attn\.(q|k|v)_proj|mlp\.(gate|up)_proj)\.(weight|bias)$")
+
+
+class LlamaForCausalLM(nn.Module):
+    """Causal LM: ``forward`` gives final hidden states, ``compute_logits`` the float32 logits."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, tied_to=tied)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor:
+        """Hidden states ``[T, H]`` after the final norm; writes every layer's K/V through ``attn``."""
+        return self.model(input_ids, positions, attn)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``[N, H]`` -> float32 logits ``[N, V]``."""
+        return self.lm_head(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names) into the parameters.
+
+        Raises
+        ------
+        ValueError
+            On an unknown name, a shape mismatch, or a parameter left unloaded.
+        """
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb" in name or (name == "lm_head.weight" and self.config.tie_word_embeddings):
+                continue
+            loaded.add(self._load_one(params, name, tensor))
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:4]}")
+
+    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str:
+        fused = _FUSED.match(name)
+        if fused:
+            prefix, kind, part, which = (
+                fused.group(1),
+                fused.group(2),
+                fused.group(3) or fused.group(4),
+                fused.group(5),
+            )
+            target = "self_attn.qkv_proj" if kind.startswith("self_attn") else "mlp.gate_up_proj"
+            module = self.get_submodule(f"{prefix}.{target}")
+            assert isinstance(module, MergedLinear)
+            module.load_part(part, tensor, is_bias=which == "bias")
+            return f"{prefix}.{target}.{which}"
+        if name not in params:
+            raise ValueError(f"unexpected checkpoint tensor {name!r}")
+        if params[name].shape != tensor.shape:
+            raise ValueError(f"{name}: expected shape {tuple(params[name].shape)}, got {tuple(tensor.shape)}")
+        with torch.no_grad():
+            params[name].copy_(tensor)
+        return name
