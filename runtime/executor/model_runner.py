@@ -17,6 +17,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from typing import Any
+
 import torch
 from phloem.runtime.attention.registry import get_attention_backend_class, resolve_attention_backend
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
@@ -204,6 +206,7 @@ class ModelRunner:
             if plan.rows.numel() == host.batch_size and not plan.starts
             else logits[plan.last.to(logits.device)]
         )
+        dev.sampling.vocab_mask = _resolve_mask(dev.sampling.vocab_mask, self.device)
         next_ids = self.sampler(last, dev.sampling)  # [B]
         out_lp = self._logprobs(host, plan, logits, next_ids) if host.logprobs is not None else None
         cpu_ids, event = self._copy_to_host(next_ids)
@@ -332,6 +335,16 @@ def _topk(row: torch.Tensor, k: int) -> list[tuple[int, float]]:
 
 
 # ---- loading ----------------------------------------------------------------------------------
+def _resolve_mask(mask: Any, device: torch.device) -> torch.Tensor | None:
+    """The grammar bitmask may still be being filled on the CPU (a future) while the forward pass
+    runs: sampling waits here, and only here, for it."""
+    if mask is not None and hasattr(mask, "result"):
+        mask = mask.result()
+    if mask is not None and mask.device != device:
+        mask = mask.to(device, non_blocking=True)
+    return mask
+
+
 def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

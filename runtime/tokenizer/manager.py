@@ -19,7 +19,6 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
-
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.ipc import IpcPaths
@@ -34,9 +33,9 @@ from phloem.runtime.messages import (
     ReqStrOut,
     SchedulerStats,
     ShutdownReq,
+    TokenizedGenerateReq,
     ToScheduler,
     ToTokenizerManager,
-    TokenizedGenerateReq,
     UpdateWeightsReq,
 )
 from phloem.runtime.sampling.params import validate_token_ids
@@ -172,6 +171,8 @@ class TokenizerManager:
             raise InvalidRequest("text" if req.input_ids is None else "input_ids", "the prompt is empty")
         p = req.sampling_params
         p.validate_vocab(self.vocab_size)
+        if p.grammar is not None:
+            self._validate_grammar(*p.grammar)
         if len(ids) >= self.context_len:
             raise InvalidRequest(
                 "text" if req.input_ids is None else "input_ids",
@@ -209,6 +210,20 @@ class TokenizerManager:
             extra_key=req.extra_key,
             arrival_time=time.time(),
         )
+
+    def _validate_grammar(self, kind: str, text: str) -> None:
+        """Cheap checks here (size, nesting, NUL bytes) give a synchronous 400; compile errors
+        come back from the scheduler's grammar queue as an abort with status 400."""
+        field = f"sampling_params.{kind}"
+        if self.args.grammar_backend == "none":
+            raise InvalidRequest(field, "constrained decoding is disabled (--grammar-backend none)")
+        from phloem.grammars.base import GrammarError, GrammarSpec
+        from phloem.grammars.manager import validate_spec
+
+        try:
+            validate_spec(GrammarSpec(kind, text))
+        except (GrammarError, ValueError) as e:
+            raise InvalidRequest(field, str(e)) from None
 
     async def generate(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
         """Yield cumulative output dicts for one request (one final dict unless streaming).
