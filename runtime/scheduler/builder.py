@@ -79,6 +79,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         overlap=not args.disable_overlap_schedule,
         stream_interval=args.stream_interval,
         log_interval=args.log_interval,
+        enable_jump_forward=args.enable_jump_forward,
     )
     future_map = FutureMap(4 * max_running + 8, device=runner.device)
     worker = OverlapWorker(runner, future_map) if cfg.overlap else InlineWorker(runner, future_map)

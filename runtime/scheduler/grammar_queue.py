@@ -96,6 +96,15 @@ class GrammarQueue:
             # a bug; end the request rather than emit text the grammar rejects.
             req.finish(FinishReason.abort("the grammar rejected a sampled token", status_code=500))
 
+    def jump_forward(self, req: Req, *, first_mutable: int) -> tuple[int, list[int]]:
+        """Text the grammar forces next, retokenized together with the output tokens from
+        ``first_mutable`` on (earlier ones are final: sent to the client, or shared with the
+        radix tree). Advances the matcher; returns ``(drop_k, new_ids)`` for the caller to apply
+        to ``req.output_ids``."""
+        from phloem.grammars.jump_forward import jump_forward
+
+        return jump_forward(req.grammar, self.tokenizer, req.output_ids[first_mutable:])
+
     def fill_mask(self, reqs: list[Req]) -> torch.Tensor | None:
         """Bitmask ``[B, ceil(V/32)]`` for a batch, or None when no row is constrained."""
         rows = [i for i, r in enumerate(reqs) if r.grammar is not None and not r.finished]

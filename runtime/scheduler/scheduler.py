@@ -52,6 +52,7 @@ class SchedulerConfig:
     overlap: bool = True
     stream_interval: int = 1
     log_interval: int = 40
+    enable_jump_forward: bool = False
 
 
 class Scheduler:
@@ -76,6 +77,9 @@ class Scheduler:
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
+        # Requests whose output grew by jump-forward: their new tokens are extended next prefill.
+        self.jumped: list[Req] = []
+        self._jump_pending: list[tuple[Req, int]] = []
         self.ratio = NewTokenRatio(config.schedule_conservativeness)
         self.inflight: deque[tuple[ScheduledBatch, Future[ForwardOutput]]] = deque()
         self.release_after_inflight: list[Req] = []
@@ -110,7 +114,7 @@ class Scheduler:
 
     @property
     def is_idle(self) -> bool:
-        return not (self.waiting or self.running or self.chunked or self.inflight) and not (
+        return not (self.waiting or self.running or self.chunked or self.inflight or self.jumped) and not (
             self.grammar and self.grammar.pending
         )
 
@@ -129,8 +133,9 @@ class Scheduler:
         if batch is not None:
             mask, late_mask = self._grammar_mask(batch)
             self.inflight.append((batch, self.launch(batch, mask)))
-        # Without overlap: process what was just launched. With overlap: keep one step in flight.
-        keep = 1 if (self.cfg.overlap and batch is not None) else 0
+        # Without overlap: process what was just launched. With overlap: keep one step in flight,
+        # except for a step whose requests may jump forward (that rewrites their KV tail).
+        keep = 1 if (self.cfg.overlap and batch is not None and not self._may_jump(batch)) else 0
         while len(self.inflight) > keep:
             self._process_oldest()
         if late_mask is not None:
@@ -156,18 +161,29 @@ class Scheduler:
         return self._schedule_decode()
 
     def _schedule_prefill(self) -> ScheduledBatch | None:
-        if not self.waiting and self.chunked is None:
+        if not self.waiting and self.chunked is None and not self.jumped:
             return None
-        running_cap = self.cfg.max_running_requests - len(self.running)
-        charged = [*self.running, *([self.chunked] if self.chunked else [])]
+        running_cap = self.cfg.max_running_requests - len(self.running) - len(self.jumped)
+        charged = [*self.running, *self.jumped, *([self.chunked] if self.chunked else [])]
         adder = PrefillAdder(
             available_tokens=self.cache.available_size,
             running=charged,
             new_token_ratio=self.ratio.value,
             max_prefill_tokens=self.cfg.max_prefill_tokens,
             chunk_size=self.cfg.chunked_prefill_size,
-            max_new_reqs=max(running_cap, 0) + (1 if self.chunked else 0),
+            max_new_reqs=max(running_cap, 0) + (1 if self.chunked else 0) + len(self.jumped),
         )
+        jumped, self.jumped = self.jumped, []
+        for req in jumped:
+            if req.finished:
+                self._finish_chunked_abort(req)
+            elif adder.rem_chunk > 0 and adder.rem_input > 0 and self.chunked is None:
+                adder.add_chunked(req)  # its forced tokens; continues as a chunk if cut
+                if not self._alloc_extend(req):
+                    adder.can_run.remove(req)
+                    self._finish_chunked_abort(req)
+            else:
+                self.jumped.append(req)
         if self.chunked is not None:
             req = self.chunked
             self.chunked = None
@@ -387,6 +403,7 @@ class Scheduler:
             if req.finished:
                 continue
             self._append_token(req, tokens[i], lp)
+        self._apply_jumps()
         self._drop_finished_running()
         self.outputs.flush()
         if batch.mode == ForwardMode.DECODE:
@@ -425,7 +442,10 @@ class Scheduler:
             self.outputs.record_logprobs(req, lp)
         if req.grammar is not None:
             self.grammar.accept(req, token)
-        reason = req.stop_checker.check(req.output_ids, 1)
+        num_new = 1
+        if self.cfg.enable_jump_forward and req.grammar is not None and not req.finished:
+            num_new += self._jump_forward(req)
+        reason = req.stop_checker.check(req.output_ids, num_new)
         if reason is None and req.grammar is not None and req.grammar.is_terminated():
             reason = FinishReason.stop_matched(token)
         if reason is not None:
@@ -433,6 +453,45 @@ class Scheduler:
                 del req.output_ids[reason.keep :]  # tokens past a stop string do not belong
             req.finish(reason)
         self.outputs.add(req)
+
+    # ------------------------------------------------------------------ jump-forward
+    def _may_jump(self, batch: ScheduledBatch) -> bool:
+        return self.cfg.enable_jump_forward and any(r.grammar is not None for r in batch.reqs)
+
+    def _jump_forward(self, req: Req) -> int:
+        """Append the text the grammar forces, retokenized at the boundary. Returns the number of
+        tokens appended; the KV of the rewritten tail is fixed up in ``_apply_jumps``."""
+        kept_kv = min(req.kv_len, len(req.fill_ids) - 1)  # the newest token has no KV yet
+        first_mutable = max(req.sent_output_len, req.prefix_len - req.prompt_len, 0)
+        drop_k, new_ids = self.grammar.jump_forward(req, first_mutable=first_mutable)
+        budget = req.params.max_new_tokens - (len(req.output_ids) - drop_k)
+        if new_ids and len(new_ids) > budget:
+            req.grammar.rollback(len(new_ids) - max(budget, 0))
+            new_ids = new_ids[: max(budget, 0)]
+        if not new_ids and not drop_k:
+            return 0
+        if drop_k:
+            del req.output_ids[len(req.output_ids) - drop_k :]
+        req.output_ids.extend(new_ids)
+        keep = min(kept_kv, len(req.fill_ids) - len(new_ids))
+        self._jump_pending.append((req, keep))
+        self.stats.jump_forward_tokens += len(new_ids)
+        return len(new_ids)
+
+    def _apply_jumps(self) -> None:
+        """KV past the last unchanged token is dropped; the request re-enters through the next
+        prefill pass, which computes its forced tokens in one extend."""
+        pending, self._jump_pending = self._jump_pending, []
+        for req, keep in pending:
+            row = self.req_pool.req_to_token[req.req_pool_idx]
+            if req.kv_len > keep:
+                self.cache.free_slots(row[keep : req.kv_len].clone())
+            req.kv_len = keep
+            if req.finished:
+                continue
+            if req in self.running:
+                self.running.remove(req)
+            self.jumped.append(req)
 
     def _drop_finished_running(self) -> None:
         done = [r for r in self.running if r.finished]
@@ -568,6 +627,7 @@ class Scheduler:
             "available_tokens": self.cache.available_size,
             "evictable_tokens": self.cache.evictable_size,
             "new_token_ratio": self.ratio.value,
+            "jump_forward_tokens_total": s.jump_forward_tokens,
         }
 
     def _log_prefill(self, batch: ScheduledBatch) -> None:
@@ -599,6 +659,7 @@ class SchedulerCounters:
     cached_tokens: int = 0
     num_retracted: int = 0
     gen_throughput: float = 0.0
+    jump_forward_tokens: int = 0
 
 
 

@@ -1,0 +1,52 @@
+"""Jump-forward on the default model: forced JSON keys are appended without a forward pass per
+token, outputs stay valid, and streaming agrees with the non-streamed result."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from phloem import Engine
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "customer_full_name": {"type": "string", "maxLength": 16},
+        "customer_is_premium_member": {"type": "boolean"},
+        "customer_favourite_colour": {"enum": ["red", "green", "blue"]},
+    },
+    "required": ["customer_full_name", "customer_is_premium_member", "customer_favourite_colour"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def jf_engine():
+    with Engine(enable_jump_forward=True, log_level="warning") as eng:
+        yield eng
+
+
+def test_jump_forward_outputs_validate_and_skip_forward_passes(jf_engine):
+    params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
+    prompts = ["Customer record as JSON:", "A premium customer:", "Describe a customer:"]
+    outs = jf_engine.generate(prompts, sampling_params=params)
+    for o in outs:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        jsonschema.validate(json.loads(o["text"]), SCHEMA)
+    assert jf_engine.get_server_info()["live"]["jump_forward_tokens_total"] > 20
+    # the forced key tokens are canonical: the output ids are exactly the tokenization of the text
+    tok = jf_engine.tm.tokenizer
+    for o in outs:
+        assert tok.decode(o["output_ids"]).startswith(o["text"])
+
+
+def test_jump_forward_streaming_matches_non_streaming(jf_engine):
+    params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
+    full = jf_engine.generate("Customer record as JSON:", sampling_params=params)
+    chunks = list(jf_engine.generate("Customer record as JSON:", sampling_params=params, stream=True))
+    assert chunks[-1]["text"] == full["text"]
+    assert chunks[-1]["output_ids"] == full["output_ids"]
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
