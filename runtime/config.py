@@ -101,6 +101,25 @@ class EngineArgs:
         return cls(model_path=model_path, **kwargs)
 
 
+def config_markdown() -> str:
+    """``docs/config.md``: every option with its flag, default and help (kept in sync by a test)."""
+    lines = [
+        "# Configuration",
+        "",
+        "Every option is a `phloem serve` / `phloem generate` flag and an `Engine(**kwargs)` keyword",
+        "of the same name. Generated from `runtime/config.py` (`python -m phloem.runtime.config`).",
+        "",
+        "| flag | default | choices | meaning |",
+        "|---|---|---|---|",
+    ]
+    for f in dataclasses.fields(EngineArgs):
+        choices = f.metadata.get("choices")
+        shown = ", ".join(str(c) for c in choices if c is not None) if choices else ""
+        flag = "--" + f.name.replace("_", "-")
+        lines.append(f"| `{flag}` | `{f.default}` | {shown} | {f.metadata.get('help', '')} |")
+    return "\n".join(lines) + "\n"
+
+
 def _base_type(annotation: Any) -> type:
     """'int | None' -> int; annotations are strings under ``from __future__ import annotations``."""
     if isinstance(annotation, str):
@@ -109,3 +128,7 @@ def _base_type(annotation: Any) -> type:
     if get_origin(annotation) is Literal:
         return type(get_args(annotation)[0])
     return annotation if isinstance(annotation, type) else str
+
+
+if __name__ == "__main__":
+    print(config_markdown(), end="")

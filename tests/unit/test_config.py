@@ -1,0 +1,38 @@
+"""Engine options: CLI flags and Engine keywords come from one dataclass; docs stay in sync."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from phloem.runtime.config import EngineArgs, config_markdown
+
+
+def test_cli_flags_round_trip_into_engine_args():
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    ns = parser.parse_args(["--max-total-tokens", "1000", "--disable-radix-cache", "--schedule-policy", "lpm",
+                            "--mem-fraction-static", "0.5", "--speculative-algorithm", "NGRAM"])
+    args = EngineArgs.from_cli(ns)
+    assert args.max_total_tokens == 1000 and args.disable_radix_cache and args.schedule_policy == "lpm"
+    assert args.mem_fraction_static == 0.5 and args.speculative_algorithm == "NGRAM"
+    assert args.model_path is None and args.port == 30000
+
+
+def test_unknown_engine_keyword_is_a_clear_error():
+    with pytest.raises(TypeError, match="max_totl_tokens"):
+        EngineArgs.from_kwargs(None, max_totl_tokens=3)
+
+
+def test_bad_choice_is_rejected_by_the_cli():
+    parser = argparse.ArgumentParser()
+    EngineArgs.add_cli_args(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--schedule-policy", "random"])
+
+
+def test_config_doc_is_generated_from_the_fields():
+    doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+    assert doc.read_text() == config_markdown(), "regenerate: python -m phloem.runtime.config > docs/config.md"
