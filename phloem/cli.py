@@ -82,7 +82,11 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
     handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench}
-    return handlers[ns.command](ns)
+    try:
+        return handlers[ns.command](ns)
+    except (FileNotFoundError, ValueError) as e:  # bad model path or option: one clear line
+        print(f"phloem: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

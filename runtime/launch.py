@@ -73,7 +73,8 @@ async def launch_engine(args: EngineArgs) -> tuple[TokenizerManager, EngineProce
     from phloem.runtime.model_files import resolve_model
     from phloem.runtime.tokenizer.tokenizer import load_tokenizer
 
-    source = resolve_model(args.model_path, args.load_format)
+    check_supported(args)
+    source = resolve_model(args.model_path, args.load_format, dummy_shape=args.dummy_shape)
     tokenizer = load_tokenizer(source)
     procs = start_processes(args, source)
     model_info = {
@@ -101,6 +102,14 @@ async def launch_engine(args: EngineArgs) -> tuple[TokenizerManager, EngineProce
     model_info.update(context_length=tm.context_len, vocab_size=tm.vocab_size)
     tm._tasks.append(asyncio.create_task(_watchdog(tm, procs)))
     return tm, procs
+
+
+def check_supported(args: EngineArgs) -> None:
+    """Options this build accepts on the command line but cannot honour fail here, loudly."""
+    if args.speculative_algorithm is not None:
+        raise ValueError("--speculative-algorithm: speculative decoding is not available in this build")
+    if args.kv_cache_dtype != "auto":
+        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype}: only 'auto' is available in this build")
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:
