@@ -33,7 +33,7 @@ from phloem.runtime.scheduler.policy import (
     retraction_order,
     should_defer_sibling,
 )
-from phloem.runtime.scheduler.prefill_adder import AddResult, PrefillAdder
+from phloem.runtime.scheduler.prefill_adder import AddResult, PrefillAdder, charged_future_tokens
 from phloem.runtime.scheduler.req import Req
 
 logger = logging.getLogger("phloem.scheduler")
@@ -217,7 +217,7 @@ class Scheduler:
             if result == AddResult.ADDED:
                 admitted_now.append(req)
                 continue
-            if result == AddResult.NO_TOKEN and self._preempt_for(req):
+            if result == AddResult.NO_TOKEN and self._preempt_for(req, adder):
                 if self._try_admit(req, adder) == AddResult.ADDED:
                     admitted_now.append(req)
                     continue
@@ -577,31 +577,36 @@ class Scheduler:
                 self.ratio.value,
             )
 
-    def _preempt_for(self, req: Req) -> bool:
+    def _preempt_for(self, req: Req, adder: PrefillAdder) -> bool:
         """Priority preemption: retract running requests whose priority is lower than ``req``'s
-        by at least the threshold, lowest first, until it could fit. Returns True if any were."""
+        by at least the threshold, lowest first, until the adder's budget could admit it.
+        Returns True if any request was retracted."""
         if not self.cfg.enable_priority_scheduling:
             return False
         victims = sorted(
-            (r for r in self.running
-             if req.priority - r.priority >= self.cfg.priority_preemption_threshold),
+            (r for r in self.running if req.priority - r.priority >= self.cfg.priority_preemption_threshold),
             key=lambda r: r.priority,
         )
         if not victims:
             return False
         self._sync_inflight()
         need = len(req.fill_ids) - req.prefix_len + req.remaining_new_tokens
+        preempted = 0
         for victim in victims:
-            if self.cache.available_size >= need:
+            if adder.rem_total >= need:
                 break
-            if victim not in self.running:
+            if victim not in self.running or victim.finished:
                 continue
+            charge = charged_future_tokens(victim, self.ratio.value)
+            before = self.cache.available_size
             self.running.remove(victim)
             self._release(victim)
             victim.num_retractions += 1
             self.waiting.append(victim)
-            self.stats.num_retracted += 1
-        return True
+            adder.rem_total += charge + (self.cache.available_size - before)
+            preempted += 1
+        self.stats.num_retracted += preempted
+        return preempted > 0
 
     def _abort_unfittable(self, req: Req, why: str) -> None:
         self.waiting.remove(req)
