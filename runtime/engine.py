@@ -9,6 +9,7 @@ API (``async_generate``) works from any running loop.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import queue
 import threading
@@ -220,11 +221,13 @@ def build_requests(
     reqs: list[GenerateRequest] = []
     for (text, ids), p, r in zip(prompts, params, rids):
         for j in range(p.n):
+            # n samples of one seeded request differ from each other but are reproducible
+            pj = p if p.sampling_seed is None or j == 0 else dataclasses.replace(p, sampling_seed=p.sampling_seed + j)
             reqs.append(
                 GenerateRequest(
                     text=text,
                     input_ids=ids,
-                    sampling_params=p,
+                    sampling_params=pj,
                     return_logprob=return_logprob,
                     logprob_start_len=logprob_start_len,
                     top_logprobs_num=top_logprobs_num,

@@ -15,8 +15,8 @@ __all__ = ["ATTENTION_BACKENDS", "get_attention_backend_class", "resolve_attenti
 # name -> "module:Class" under phloem.runtime.attention
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch_ref": "torch_ref:TorchRefBackend",
-    "triton": "triton_backend:TritonBackend",
-    "flashinfer": "flashinfer_backend:FlashInferBackend",
+    "triton": "triton:TritonBackend",
+    "flashinfer": "flashinfer:FlashInferBackend",
 }
 
 

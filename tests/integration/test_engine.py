@@ -184,3 +184,20 @@ def test_many_random_requests_with_aborts_leave_pool_intact(engine):
         time.sleep(0.1)
     assert engine.flush_cache()
     assert pool_is_idle(engine.get_server_info())
+
+
+def test_streamed_text_never_shows_the_stop_string(engine):
+    params = {"max_new_tokens": 12, "temperature": 0, "stop": " 5"}
+    full = engine.generate("Count: 1, 2, 3,", sampling_params=params)
+    chunks = list(engine.generate("Count: 1, 2, 3,", sampling_params=params, stream=True))
+    assert all(" 5" not in c["text"] for c in chunks)
+    assert chunks[-1]["text"] == full["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == {"type": "stop", "matched": " 5"}
+
+
+def test_seeded_n_samples_differ_but_reproduce(engine):
+    p = {"max_new_tokens": 8, "temperature": 1.0, "sampling_seed": 7, "n": 3}
+    a = engine.generate("My favourite animal is", sampling_params=p)
+    b = engine.generate("My favourite animal is", sampling_params=p)
+    assert [o["output_ids"] for o in a] == [o["output_ids"] for o in b]
+    assert len({tuple(o["output_ids"]) for o in a}) > 1

@@ -1,0 +1,190 @@
+"""Attention kernels alone on a CUDA device: Triton vs torch_ref, against the floors (DESIGN.md §11).
+
+Decode: ``B`` requests of ``--context`` keys each over scattered slots (one layer). Floor = K and V
+bytes read / copy bandwidth. A small sweep of Triton launch settings (keys per step, warps) shows
+how far the default is from the best one tried.
+
+Extend: ragged new tokens over a cached prefix. Floor = attention FLOPs (causal, 4 per q-k pair
+per head dim) / the bf16 matrix rate measured by an 8192^3 product.
+
+Usage (in the repository root, on the GPU machine)::
+
+    python3 -m benchmarks.gpu.attention_bench --out $OUT/attention_bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from benchmarks.gpu.decode_bench import copy_bandwidth
+
+SHAPES = {"llama3-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # q heads, kv heads, head dim
+DECODE_VARIANTS = [
+    (64, None),
+    (64, 4),
+    (32, 4),
+    (128, 4),
+    (64, 8),
+    (128, 8),
+]  # (block_n, warps); None = default
+
+
+def matmul_rate(n: int = 8192) -> float:
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    ms = do_bench(lambda: a @ b, warmup=50, rep=200, return_mode="median")
+    return 2 * n**3 / (ms / 1e3)
+
+
+def _setup(shape: str, prefix_lens: list[int], extend_lens: list[int], mode, seed: int = 0):
+    from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+    from phloem.runtime.executor.forward_io import ForwardInput
+    from phloem.runtime.executor.model_runner import greedy_sampling_info
+
+    hq, hk, d = SHAPES[shape]
+    gen = torch.Generator().manual_seed(seed)
+    seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    n = sum(seq)
+    pool = KVPool(1, n + 1, hk, d, torch.bfloat16, "cuda")
+    pool.k_buffer[0].normal_()
+    pool.v_buffer[0].normal_()
+    rtt = ReqToTokenPool(len(seq), max(seq), "cuda")
+    perm = (torch.randperm(n, generator=gen) + 1).cuda()
+    used, out_slots = 0, []
+    for r, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
+        rtt.req_to_token[r, : p + e] = perm[used : used + p + e]
+        out_slots.append(perm[used + p : used + p + e])
+        used += p + e
+    ext = torch.tensor(extend_lens)
+    t = int(ext.sum())
+    fi = ForwardInput(
+        mode=mode,
+        input_ids=torch.zeros(t, dtype=torch.int64),
+        positions=torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens)]),
+        out_slots=torch.cat(out_slots).cpu(),
+        req_pool_indices=torch.arange(len(seq)),
+        seq_lens=torch.tensor(seq),
+        prefix_lens=torch.tensor(prefix_lens),
+        extend_lens=ext,
+        sampling=greedy_sampling_info(len(seq)),
+    ).to("cuda")
+    q = torch.randn(t, hq, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(t, hk, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(t, hk, d, device="cuda", dtype=torch.bfloat16)
+    return pool, rtt, fi, q, k, v
+
+
+def _backend(name: str, pool, rtt, fi, hq: int):
+    from phloem.runtime.attention.registry import get_attention_backend_class
+
+    b = get_attention_backend_class(name)(pool, rtt, num_heads=hq)
+    b.init_metadata(fi)
+    return b
+
+
+def bench_decode(shape: str, bs: int, context: int, bandwidth: float) -> list[dict]:
+    from phloem.runtime.attention.triton_kernels import decode_attention
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    hq, hk, d = SHAPES[shape]
+    pool, rtt, fi, q, k, v = _setup(shape, [context - 1] * bs, [1] * bs, ForwardMode.DECODE)
+    kv_bytes = bs * context * hk * d * 2 * 2
+    floor_ms = kv_bytes / bandwidth * 1e3
+    rows = []
+    ref = _backend("torch_ref", pool, rtt, fi, hq)
+    ms = do_bench(lambda: ref.forward_decode(q, k, v, 0), warmup=10, rep=50, return_mode="median")
+    rows.append({"backend": "torch_ref", "settings": "-", "ms": ms})
+    tri = _backend("triton", pool, rtt, fi, hq)
+    ms = do_bench(lambda: tri.forward_decode(q, k, v, 0), warmup=10, rep=50, return_mode="median")
+    rows.append({"backend": "triton", "settings": "default (with KV write)", "ms": ms})
+    k_buf, v_buf = pool.get_kv(0)
+    out = torch.empty_like(q)
+    for block_n, warps in DECODE_VARIANTS:
+
+        def run(block_n=block_n, warps=warps):
+            decode_attention(
+                q, k_buf, v_buf, out, tri.part_o, tri.part_lse,
+                req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
+                seq_lens=fi.seq_lens, sm_scale=tri.scale, block_n=block_n, num_warps=warps,
+            )  # fmt: skip
+
+        ms = do_bench(run, warmup=10, rep=50, return_mode="median")
+        rows.append(
+            {"backend": "triton", "settings": f"kernel only, block_n={block_n} warps={warps}", "ms": ms}
+        )
+    for r in rows:
+        r.update(
+            kind="decode", shape=shape, batch=bs, context=context, bytes=kv_bytes,
+            floor_ms=round(floor_ms, 4), ratio=round(r["ms"] / floor_ms, 2), ms=round(r["ms"], 4),
+            splits=tri.part_lse.shape[2],
+        )  # fmt: skip
+    return rows
+
+
+def bench_extend(shape: str, prefix: int, extend: int, reqs: int, rate: float) -> list[dict]:
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    hq, hk, d = SHAPES[shape]
+    pool, rtt, fi, q, k, v = _setup(shape, [prefix] * reqs, [extend] * reqs, ForwardMode.EXTEND)
+    pairs = reqs * (extend * prefix + extend * (extend + 1) // 2)  # visible (query, key) pairs
+    flops = 4 * pairs * hq * d
+    floor_ms = flops / rate * 1e3
+    rows = []
+    for name in ("torch_ref", "triton"):
+        b = _backend(name, pool, rtt, fi, hq)
+        ms = do_bench(lambda b=b: b.forward_extend(q, k, v, 0), warmup=5, rep=30, return_mode="median")
+        rows.append(
+            {"kind": "extend", "shape": shape, "backend": name, "requests": reqs, "prefix": prefix,
+             "extend": extend, "flops": flops, "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
+             "ratio": round(ms / floor_ms, 2), "tflops": round(flops / ms / 1e9, 1)}
+        )  # fmt: skip
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--context", type=int, default=1024)
+    args = ap.parse_args()
+    bandwidth, rate = copy_bandwidth(), matmul_rate()
+    print(f"copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
+    rows = []
+    for shape in SHAPES:
+        for bs in (1, 64, 256):
+            rows += bench_decode(shape, bs, args.context, bandwidth)
+        rows += bench_extend(shape, 0, 2048, 4, rate)
+        rows += bench_extend(shape, 2048, 512, 4, rate)
+    report = {
+        "benchmark": "attention_bench",
+        "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
+        "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "copy_bandwidth_bytes_s": bandwidth,
+        "bf16_matmul_flop_s": rate,
+        "floor": "decode: K+V bytes / copy bandwidth; extend: causal attention FLOPs / bf16 matmul rate",
+        "results": rows,
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+    for r in rows:
+        what = (
+            f"B={r['batch']} ctx={r['context']}"
+            if r["kind"] == "decode"
+            else f"{r['requests']}x p={r['prefix']} e={r['extend']}"
+        )
+        print(f"{r['kind']:6} {r['shape']:13} {what:18} {r['backend']:9} {r.get('settings', ''):38} "
+              f"{r['ms']:8.4f} ms  floor {r['floor_ms']:7.4f}  x{r['ratio']}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Turns per-request results into a report: throughput, latency percentiles, cache hits, checks.
+
+Token counts come from two places: the server (``meta_info.completion_tokens`` or ``usage``) and
+the client, which retokenizes the returned text. Retokenizing can merge or split a token at the
+edges, so the totals may differ a little; a difference over ``TOKEN_TOLERANCE`` is reported as an
+error, because it means the server's count (or its text) is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from phloem.bench.client import Result
+
+TOKEN_TOLERANCE = 0.05  # relative difference allowed between server and client output-token totals
+TOKEN_SLACK = 2  # plus this many tokens per request
+PERCENTILES = (50, 90, 99)
+LATENCY_KEYS = ("ttft", "itl", "tpot", "e2e_latency")
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolation percentile (``numpy.percentile``'s default) of a non-empty sequence."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def distribution(values: Sequence[float], name: str) -> dict[str, float]:
+    """``mean_<name>_ms``, ``median_<name>_ms``, ``p90_...``, ``p99_...`` of values in seconds."""
+    if not values:
+        return {f"{k}_{name}_ms": 0.0 for k in ("mean", "median", "p90", "p99")}
+    ms = [v * 1000 for v in values]
+    out = {f"mean_{name}_ms": statistics.fmean(ms), f"median_{name}_ms": statistics.median(ms)}
+    out |= {f"p{q}_{name}_ms": percentile(ms, q) for q in PERCENTILES if q != 50}
+    return out
+
+
+def tpot(r: Result) -> float | None:
+    """Time per output token after the first; None for one-token outputs."""
+    n = r.server_output_tokens or r.client_output_tokens
+    return (r.latency - r.ttft) / (n - 1) if n > 1 else None
+
+
+def output_tokens(r: Result) -> int:
+    return r.server_output_tokens if r.server_output_tokens is not None else r.client_output_tokens
+
+
+def token_check(ok: Sequence[Result]) -> dict[str, Any]:
+    """Server vs client output-token totals over requests where the server gave a count."""
+    counted = [r for r in ok if r.server_output_tokens is not None]
+    server = sum(r.server_output_tokens or 0 for r in counted)
+    client = sum(r.client_output_tokens for r in counted)
+    allowed = TOKEN_TOLERANCE * max(server, client) + TOKEN_SLACK * len(counted)
+    return {
+        "total_output_tokens_server": server if counted else None,
+        "total_output_tokens_retokenized": sum(r.client_output_tokens for r in ok),
+        "token_count_mismatch": bool(counted) and abs(server - client) > allowed,
+        "requests_without_server_count": len(ok) - len(counted),
+    }
+
+
+def cache_hit_rate(ok: Sequence[Result], scraped: dict[str, float] | None) -> tuple[float | None, str]:
+    """From the ``/metrics`` counter deltas when scraped, else from each response's cached tokens."""
+    if scraped and scraped.get("prompt_tokens_total", 0) > 0:
+        return scraped.get("cached_tokens_total", 0.0) / scraped["prompt_tokens_total"], "metrics"
+    counted = [r for r in ok if r.cached_tokens is not None and r.server_prompt_tokens]
+    prompt = sum(r.server_prompt_tokens or 0 for r in counted)
+    if not prompt:
+        return None, "unavailable"
+    return sum(r.cached_tokens or 0 for r in counted) / prompt, "responses"
+
+
+def json_valid_rate(ok: Sequence[Result], constrained: set[tuple[int, int]]) -> float | None:
+    """Fraction of schema-constrained outputs that parse as a JSON object."""
+    rows = [r for r in ok if (r.sid, r.turn) in constrained]
+    if not rows:
+        return None
+    return sum(_is_json_object(r.text) for r in rows) / len(rows)
+
+
+def _is_json_object(text: str) -> bool:
+    try:
+        return isinstance(json.loads(text), dict)
+    except ValueError:
+        return False
+
+
+def summarize(
+    results: Sequence[Result],
+    duration: float,
+    *,
+    scraped: dict[str, float] | None = None,
+    constrained: set[tuple[int, int]] | None = None,
+) -> dict[str, Any]:
+    """The report's metrics (configuration fields are added by the caller)."""
+    ok = [r for r in results if r.success]
+    failed = [r for r in results if not r.success]
+    input_tokens = sum(r.server_prompt_tokens or r.prompt_len for r in ok)
+    out_tokens = sum(output_tokens(r) for r in ok)
+    hit, source = cache_hit_rate(ok, scraped)
+    report: dict[str, Any] = {
+        "completed": len(ok),
+        "failed": len(failed),
+        "duration_s": duration,
+        "total_input_tokens": input_tokens,
+        "total_output_tokens": out_tokens,
+        "request_throughput": len(ok) / duration if duration else 0.0,
+        "input_throughput": input_tokens / duration if duration else 0.0,
+        "output_throughput": out_tokens / duration if duration else 0.0,
+        "total_throughput": (input_tokens + out_tokens) / duration if duration else 0.0,
+        "concurrency": sum(r.latency for r in ok) / duration if duration else 0.0,
+        "cache_hit_rate": hit,
+        "cache_hit_rate_source": source,
+        "json_valid_rate": json_valid_rate(ok, constrained or set()),
+    }
+    report |= token_check(ok)
+    report |= distribution([r.ttft for r in ok], "ttft")
+    report |= distribution([x for r in ok for x in r.itl], "itl")
+    report |= distribution([t for r in ok if (t := tpot(r)) is not None], "tpot")
+    report |= distribution([r.latency for r in ok], "e2e_latency")
+    report["errors"] = error_list(failed, report)
+    return report
+
+
+def error_list(failed: Sequence[Result], report: dict[str, Any], limit: int = 10) -> list[str]:
+    """Distinct failure messages (at most ``limit``), plus the token-count check."""
+    seen: dict[str, int] = {}
+    for r in failed:
+        seen[r.error] = seen.get(r.error, 0) + 1
+    errors = [f"{n} x {msg}" for msg, n in list(seen.items())[:limit]]
+    if report.get("token_count_mismatch"):
+        errors.append(
+            "output token count mismatch: server counted "
+            f"{report['total_output_tokens_server']}, client retokenized "
+            f"{report['total_output_tokens_retokenized']}"
+        )
+    return errors
+
+
+# ---- printing and files ----------------------------------------------------------------------------
+def format_report(report: dict[str, Any]) -> str:
+    """A fixed-width block like SGLang's bench_serving summary."""
+    rows = [
+        ("Backend", report.get("backend")),
+        ("Dataset", report.get("dataset")),
+        ("Max concurrency", report.get("max_concurrency")),
+        ("Request rate", report.get("request_rate")),
+        ("Successful requests", report["completed"]),
+        ("Failed requests", report["failed"]),
+        ("Duration (s)", report["duration_s"]),
+        ("Total input tokens", report["total_input_tokens"]),
+        ("Output tokens (server)", report["total_output_tokens_server"]),
+        ("Output tokens (retokenized)", report["total_output_tokens_retokenized"]),
+        ("Request throughput (req/s)", report["request_throughput"]),
+        ("Input throughput (tok/s)", report["input_throughput"]),
+        ("Output throughput (tok/s)", report["output_throughput"]),
+        ("Mean in flight", report["concurrency"]),
+        ("Cache hit rate", report["cache_hit_rate"]),
+        ("JSON valid rate", report["json_valid_rate"]),
+    ]
+    for key in LATENCY_KEYS:
+        for stat in ("mean", "median", "p90", "p99"):
+            rows.append(
+                (f"{stat.capitalize()} {key.upper().replace('_', ' ')} (ms)", report[f"{stat}_{key}_ms"])
+            )
+    lines = [f"{'=' * 22} Serving benchmark {'=' * 22}"]
+    lines += [f"{name:<40}{_fmt(value):>22}" for name, value in rows if value is not None]
+    lines += [f"ERROR: {e}" for e in report["errors"]]
+    lines.append("=" * 62)
+    return "\n".join(lines)
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, float) else str(value)
+
+
+def append_jsonl(path: str, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def parse_prometheus(text: str, prefix: str = "phloem:") -> dict[str, float]:
+    """``{name_without_prefix: value}`` of un-bucketed samples (labels dropped, values summed)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith(prefix):
+            continue
+        name_part, _, value = line.rpartition(" ")
+        name = name_part.split("{", 1)[0][len(prefix) :]
+        try:
+            out[name] = out.get(name, 0.0) + float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total")}

@@ -1,0 +1,75 @@
+"""Triton paged attention: the default CUDA backend (kernels in ``triton_kernels.py``).
+
+``init_metadata`` does device work only (no host sync), so a decode batch can be captured in a
+CUDA graph: the tensors it keeps are views of the forward input, and the decode scratch depends on
+the batch size alone. Extend builds a per-batch table of (request, query block) on the device.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.attention.triton_kernels import (
+    decode_attention,
+    decode_num_splits,
+    extend_attention,
+    extend_block_table,
+)
+from phloem.runtime.executor.forward_io import ForwardMode
+
+if TYPE_CHECKING:
+    from phloem.runtime.executor.forward_io import ForwardInput
+
+__all__ = ["TritonBackend"]
+
+
+class TritonBackend(AttentionBackend):
+    """Paged extend and split-KV decode in Triton (see module docstring)."""
+
+    supports_cuda_graph = True
+
+    def init_metadata(self, forward_input: ForwardInput) -> None:
+        fi = forward_input
+        self.mode = fi.mode
+        self.out_slots = fi.out_slots
+        self.req_pool_indices = fi.req_pool_indices
+        if fi.mode == ForwardMode.DECODE:
+            self.seq_lens = fi.seq_lens
+            self._init_decode_scratch(fi.batch_size, fi.seq_lens.device)
+        else:
+            self.prefix_lens, self.extend_lens = fi.prefix_lens, fi.extend_lens
+            self.q_start = torch.cumsum(fi.extend_lens, 0) - fi.extend_lens  # [B] exclusive
+            self.block_req, self.block_m = extend_block_table(fi.extend_lens, fi.num_tokens)
+
+    def _init_decode_scratch(self, batch: int, device: torch.device) -> None:
+        splits = decode_num_splits(batch, self.kv_pool.num_kv_heads)
+        block_d = max(16, 1 << (self.kv_pool.head_dim - 1).bit_length())
+        # Shared by every layer of this batch; each layer overwrites all of it.
+        self.part_o = torch.empty(
+            (batch, self.num_heads, splits, block_d), dtype=torch.float32, device=device
+        )
+        self.part_lse = torch.empty((batch, self.num_heads, splits), dtype=torch.float32, device=device)
+
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        self.kv_pool.set_kv(layer, self.out_slots, k, v)
+        k_buf, v_buf = self.kv_pool.get_kv(layer)
+        out = q.new_empty(q.shape)
+        return extend_attention(
+            q, k_buf, v_buf, out,
+            req_to_token=self.req_to_token_pool.req_to_token,
+            req_pool_indices=self.req_pool_indices,
+            prefix_lens=self.prefix_lens, extend_lens=self.extend_lens, q_start=self.q_start,
+            block_req=self.block_req, block_m=self.block_m, sm_scale=self.scale,
+        )  # fmt: skip
+
+    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        self.kv_pool.set_kv(layer, self.out_slots, k, v)
+        k_buf, v_buf = self.kv_pool.get_kv(layer)
+        out = q.new_empty(q.shape)
+        return decode_attention(
+            q, k_buf, v_buf, out, self.part_o, self.part_lse,
+            req_to_token=self.req_to_token_pool.req_to_token,
+            req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens, sm_scale=self.scale,
+        )  # fmt: skip

@@ -1,0 +1,325 @@
+"""Triton kernels for paged attention over ``req_to_token`` (used by the ``triton`` backend).
+
+Both kernels read K/V straight from the pool, one slot per token, through the request's row of
+``req_to_token``; nothing is gathered into a contiguous copy first. GQA: query head ``h`` reads KV
+head ``h // group`` (the ``repeat_interleave`` convention of ``enable_gqa``).
+
+Extend, as a plain loop (``s_r = prefix_lens[r]``, ``e_r = extend_lens[r]``)::
+
+    for r, h, i in requests x q_heads x range(e_r):
+        keys = req_to_token[r, 0 : s_r + i + 1]           # cached prefix + new tokens up to i
+        out[start_r + i, h] = softmax(q . K[keys, h // group] * scale) @ V[keys, h // group]
+
+Decode is the case ``e_r == 1`` split along the keys: ``num_splits`` programs per (request,
+KV head) each reduce one chunk of the row to a normalised partial output and its log-sum-exp; a
+second kernel merges the chunks::
+
+    out = sum_s exp(lse_s - lse) * o_s,   lse = log(sum_s exp(lse_s))
+
+No launch needs a host value derived from device data (no ``.item()``), so decode can be captured
+in a CUDA graph: grids depend on the batch size and the model shape only.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["decode_attention", "extend_attention", "extend_block_table", "decode_num_splits"]
+
+_MAX_SPLITS = 16
+_TARGET_PROGRAMS = 2 * 132  # two waves on an H100/H200 (132 SMs); fine elsewhere too
+
+
+@triton.jit
+def _attend_block(
+    q, m_i, l_i, acc, k_ptr, v_ptr, slots, valid, kv_head,
+    stride_kt, stride_kh, stride_vt, stride_vh,
+    offs_d, d_mask, sm_scale,
+    FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    """One online-softmax step over a block of keys. ``valid``: [M, N] mask of visible keys."""
+    n_mask = tl.max(valid.to(tl.int32), 0) > 0  # [N] keys any row may see
+    kv_mask = n_mask[:, None] & d_mask[None, :]
+    k = tl.load(
+        k_ptr + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
+    )
+    v = tl.load(
+        v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
+    )
+    if FP32_DOT:
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        s = tl.dot(q, tl.trans(k.to(q.dtype)))
+    s = tl.where(valid, s * sm_scale, float("-inf"))  # [M, N]
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # Rows that have seen no key yet keep m = -inf; shift them by 0 to avoid inf - inf.
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m_i - m_safe)
+    p = tl.exp(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    if FP32_DOT:
+        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _extend_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr,
+    req_to_token_ptr, req_idx_ptr, prefix_lens_ptr, extend_lens_ptr, q_start_ptr,
+    block_req_ptr, block_m_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
+    sm_scale,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    # grid: (query blocks over the whole batch, q heads); block_req = -1 marks spare blocks
+    blk = tl.program_id(0)
+    head = tl.program_id(1)
+    r = tl.load(block_req_ptr + blk)
+    if r < 0:
+        return
+    m_blk = tl.load(block_m_ptr + blk)
+    kv_head = head // GROUP
+    prefix = tl.load(prefix_lens_ptr + r)
+    ext = tl.load(extend_lens_ptr + r)
+    q_start = tl.load(q_start_ptr + r)
+    row = tl.load(req_idx_ptr + r)
+
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)  # offsets among this request's new tokens
+    offs_d = tl.arange(0, BLOCK_D)
+    m_mask = offs_m < ext
+    d_mask = offs_d < HEAD_DIM
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+        mask=m_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if FP32_DOT:
+        q = q.to(tl.float32)
+    q_pos = prefix + offs_m  # [M] absolute positions
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    end = tl.minimum(prefix + (m_blk + 1) * BLOCK_M, prefix + ext)  # keys 0 .. last query's position
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        in_row = offs_n < end
+        slots = tl.load(req_to_token_ptr + row * stride_rtt + offs_n, mask=in_row, other=0)
+        valid = (offs_n[None, :] <= q_pos[:, None]) & in_row[None, :] & m_mask[:, None]
+        m_i, l_i, acc = _attend_block(
+            q, m_i, l_i, acc, k_ptr, v_ptr, slots, valid, kv_head,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, sm_scale, FP32_DOT,
+        )  # fmt: skip
+    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(
+        out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & d_mask[None, :],
+    )
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr,
+    req_to_token_ptr, req_idx_ptr, seq_lens_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
+    sm_scale,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr,
+):  # fmt: skip
+    # grid: (requests, kv heads, splits); one program serves all GROUP query heads of its KV head
+    b = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + b)
+    row = tl.load(req_idx_ptr + b)
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK_N) * BLOCK_N  # whole blocks per split
+    start = split * chunk
+    end = tl.minimum(start + chunk, seq_len)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    h_mask = offs_h < GROUP
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * GROUP + offs_h
+    q = tl.load(
+        q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        mask=h_mask[:, None] & d_mask[None, :],
+        other=0.0,
+    )
+    if FP32_DOT:
+        q = q.to(tl.float32)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        in_row = offs_n < end
+        slots = tl.load(req_to_token_ptr + row * stride_rtt + offs_n, mask=in_row, other=0)
+        valid = in_row[None, :] & (offs_h[:, None] >= 0)  # [H, N]
+        m_i, l_i, acc = _attend_block(
+            q, m_i, l_i, acc, k_ptr, v_ptr, slots, valid, kv_head,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, sm_scale, FP32_DOT,
+        )  # fmt: skip
+    # part_o: [B, Hq, NUM_SPLITS, BLOCK_D] float32, part_lse: [B, Hq, NUM_SPLITS]
+    empty = l_i == 0.0
+    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
+    base = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [H]
+    tl.store(part_lse_ptr + base, lse, mask=h_mask)
+    tl.store(part_o_ptr + base[:, None] * BLOCK_D + offs_d[None, :], o, mask=h_mask[:, None])
+
+
+@triton.jit
+def _decode_merge_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
+    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+):  # fmt: skip
+    # grid: (requests, q heads)
+    b = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    s_mask = offs_s < NUM_SPLITS
+    base = (b * NUM_Q_HEADS + head) * NUM_SPLITS + offs_s
+    lse = tl.load(part_lse_ptr + base, mask=s_mask, other=float("-inf"))
+    o = tl.load(part_o_ptr + base[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None], other=0.0)
+    m = tl.max(lse, 0)  # finite: split 0 always holds key 0
+    w = tl.exp(lse - m)
+    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(
+        out_ptr + b.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+        out.to(out_ptr.dtype.element_ty),
+        mask=offs_d < HEAD_DIM,
+    )
+
+
+# ---- launchers --------------------------------------------------------------------------------
+EXTEND_BLOCK_M = 64
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def extend_block_table(extend_lens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Map every program of the extend grid to ``(request, query block)`` on the device, no sync.
+
+    The grid has ``cdiv(num_tokens, BLOCK_M) + batch`` programs, an upper bound on
+    ``sum_r cdiv(extend_lens[r], BLOCK_M)``; spare programs get request ``-1`` and exit at once.
+    """
+    cap = triton.cdiv(num_tokens, EXTEND_BLOCK_M) + extend_lens.shape[0]
+    blocks = (extend_lens + EXTEND_BLOCK_M - 1) // EXTEND_BLOCK_M  # [B]
+    ends = torch.cumsum(blocks, 0)  # [B] inclusive
+    j = torch.arange(cap, device=extend_lens.device)
+    req = torch.searchsorted(ends, j, right=True)  # [cap] request owning program j
+    used = j < ends[-1] if ends.numel() else torch.zeros_like(j, dtype=torch.bool)
+    req = req.clamp(max=max(extend_lens.shape[0] - 1, 0))
+    m_blk = j - (ends - blocks)[req]
+    return torch.where(used, req, -1), m_blk
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_start: torch.Tensor,
+    block_req: torch.Tensor,
+    block_m: torch.Tensor,
+    sm_scale: float,
+) -> torch.Tensor:
+    """Causal attention of ragged new tokens over their paged rows; fills ``out`` ``[T, Hq, D]``.
+
+    The new tokens' K/V must already be in ``k_buf``/``v_buf`` at their slots.
+    """
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    group = num_q_heads // k_buf.shape[1]
+    fp32 = q.dtype == torch.float32
+    block_d = _block_d(head_dim)
+    block_n = 32 if (fp32 or block_d > 64) else 64
+    grid = (block_req.shape[0], num_q_heads)
+    _extend_kernel[grid](
+        q, k_buf, v_buf, out,
+        req_to_token, req_pool_indices, prefix_lens, extend_lens, q_start,
+        block_req, block_m,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
+        sm_scale,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=block_n, FP32_DOT=fp32,
+        num_warps=4, num_stages=2,
+    )  # fmt: skip
+    return out
+
+
+def decode_num_splits(batch_size: int, num_kv_heads: int) -> int:
+    """Key-axis splits per (request, KV head): enough programs to fill the chip, at most 16.
+
+    Depends on shapes only, so a captured graph keeps the same value on replay.
+    """
+    work = max(1, batch_size * num_kv_heads)
+    return max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, work)))
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    part_o: torch.Tensor,
+    part_lse: torch.Tensor,
+    *,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    block_n: int | None = None,
+    num_warps: int | None = None,
+    num_stages: int = 2,
+) -> torch.Tensor:
+    """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
+
+    ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` (float32) are scratch, with
+    ``S`` from :func:`decode_num_splits`. ``block_n``, ``num_warps``, ``num_stages``: tuning
+    knobs (keys per loop step, default 64, 32 for float32; warps default 8 for head dim 128,
+    4 below: the best of the settings swept by ``benchmarks/gpu/attention_bench.py`` on an H200).
+    """
+    batch, num_q_heads, head_dim = q.shape
+    num_kv_heads = k_buf.shape[1]
+    group = num_q_heads // num_kv_heads
+    num_splits = part_lse.shape[2]
+    fp32 = q.dtype == torch.float32
+    block_d = _block_d(head_dim)
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_buf, v_buf, part_o, part_lse,
+        req_to_token, req_pool_indices, seq_lens,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        req_to_token.stride(0),
+        sm_scale,
+        NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n or (32 if fp32 else 64),
+        NUM_SPLITS=num_splits, FP32_DOT=fp32,
+        num_warps=num_warps or (8 if block_d >= 128 else 4), num_stages=num_stages,
+    )  # fmt: skip
+    _decode_merge_kernel[(batch, num_q_heads)](
+        part_o, part_lse, out, out.stride(0), out.stride(1),
+        NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
+        num_warps=2,
+    )  # fmt: skip
+    return out

@@ -1,0 +1,151 @@
+"""CUDA-graph capture and replay of decode steps (DESIGN.md §5).
+
+One graph per captured batch size (1, 2, 4, 8, then every 16 up to ``max_bs``), all sharing one
+memory pool. A decode batch of ``B`` rows replays the smallest captured size ``>= B``: its inputs
+are copied into static buffers, the spare rows padded to write the padding slot and read one key,
+and the graph's logits ``[:B]`` are returned. What a graph covers::
+
+    attention metadata -> embedding -> every layer (KV writes included) -> final norm -> logits
+
+Sampling stays outside (its shape depends on the batch's sampling options). The attention backend
+must do device work only in ``init_metadata`` for decode (``supports_cuda_graph = True``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+from phloem.runtime.cache.kv_pool import PADDING_SLOT
+from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
+
+if TYPE_CHECKING:
+    from phloem.runtime.attention.base import AttentionBackend
+
+__all__ = ["CudaGraphRunner", "capture_batch_sizes"]
+
+logger = logging.getLogger(__name__)
+
+
+class DecodeModel(Protocol):
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn: AttentionBackend
+    ) -> torch.Tensor: ...
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor: ...
+
+
+def capture_batch_sizes(max_bs: int) -> list[int]:
+    """``[1, 2, 4, 8, 16, 32, 48, ...]`` up to and including ``max_bs``."""
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_bs]
+    sizes += list(range(16, max_bs + 1, 16))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+class CudaGraphRunner:
+    """Decode graphs for one model and attention backend.
+
+    Parameters
+    ----------
+    model:
+        Called as ``model(input_ids, positions, attn_backend) -> hidden [T, H]`` with a
+        ``compute_logits(hidden) -> [T, V]`` method.
+    attn_backend:
+        Must set ``supports_cuda_graph = True``.
+    max_bs:
+        Largest batch replayed; larger decode batches run eagerly.
+    """
+
+    def __init__(self, model: DecodeModel, attn_backend: AttentionBackend, *, max_bs: int) -> None:
+        if not getattr(attn_backend, "supports_cuda_graph", False):
+            raise ValueError(f"{type(attn_backend).__name__} cannot be captured in a CUDA graph")
+        self.model, self.attn = model, attn_backend
+        self.device = attn_backend.kv_pool.device
+        self.batch_sizes = capture_batch_sizes(max_bs)
+        self.max_bs = self.batch_sizes[-1]
+        n = self.max_bs
+
+        def buf(fill: int) -> torch.Tensor:
+            return torch.full((n,), fill, dtype=torch.int64, device=self.device)
+
+        # Padding rows: token 0 at position 0, writes the padding slot, reads one key (seq_len 1).
+        self.input_ids, self.positions, self.out_slots = buf(0), buf(0), buf(PADDING_SLOT)
+        self.req_pool_indices, self.seq_lens = buf(0), buf(1)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self.pool: Any = None  # the graphs' shared memory pool handle, set by the first capture
+        self.capture_seconds = 0.0
+        self.capture_bytes = 0
+
+    def can_run(self, fi: ForwardInput) -> bool:
+        return fi.mode == ForwardMode.DECODE and fi.batch_size <= self.max_bs and bool(self.graphs)
+
+    def _static_input(self, bs: int, sampling_like: ForwardInput | None = None) -> ForwardInput:
+        from phloem.runtime.executor.model_runner import greedy_sampling_info
+
+        return ForwardInput(
+            mode=ForwardMode.DECODE,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_slots=self.out_slots[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            prefix_lens=self.seq_lens[:bs] - 1,
+            extend_lens=torch.ones(bs, dtype=torch.int64, device=self.device),
+            sampling=greedy_sampling_info(bs),
+        )
+
+    def _run_model(self, fi: ForwardInput) -> torch.Tensor:
+        self.attn.init_metadata(fi)
+        hidden = self.model(fi.input_ids, fi.positions, self.attn)  # [bs, H]
+        return self.model.compute_logits(hidden)  # [bs, V]
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first (the smaller graphs reuse its pool); logs time and memory."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()  # so the reserved-memory difference is what the graphs keep
+        reserved_before = torch.cuda.memory_reserved(self.device)
+        start = time.perf_counter()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.batch_sizes):
+                fi = self._static_input(bs)
+                for _ in range(2):  # compile kernels and create library handles outside the capture
+                    self._run_model(fi)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self.logits[bs] = self._run_model(fi)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[bs] = graph
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - start
+        torch.cuda.empty_cache()  # the graphs' private pool stays; warm-up leftovers go
+        self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved_before
+        logger.info(
+            "captured %d decode graphs (batch 1..%d) in %.2f s, %.1f MiB",
+            len(self.graphs), self.max_bs, self.capture_seconds, self.capture_bytes / 2**20,
+        )  # fmt: skip
+
+    def replay(self, fi: ForwardInput) -> torch.Tensor:
+        """Logits ``[B, V]`` of decode batch ``fi`` (on the device); valid until the next replay."""
+        bs = fi.batch_size
+        padded = next(s for s in self.batch_sizes if s >= bs)
+        self.input_ids[:bs].copy_(fi.input_ids, non_blocking=True)
+        self.positions[:bs].copy_(fi.positions, non_blocking=True)
+        self.out_slots[:bs].copy_(fi.out_slots, non_blocking=True)
+        self.req_pool_indices[:bs].copy_(fi.req_pool_indices, non_blocking=True)
+        self.seq_lens[:bs].copy_(fi.seq_lens, non_blocking=True)
+        if padded > bs:
+            self.out_slots[bs:padded].fill_(PADDING_SLOT)
+            self.req_pool_indices[bs:padded].fill_(0)
+            self.seq_lens[bs:padded].fill_(1)
+        self.graphs[padded].replay()
+        return self.logits[padded][:bs]

@@ -1,0 +1,145 @@
+"""Random paged-attention batches and the comparison against the ``torch_ref`` oracle.
+
+Shared by the fast-backend tests (and by the Triton-interpreter run, which imports it in a
+subprocess). Every call draws fresh inputs: scattered slots, a random ``req_to_token`` row per
+request, random cached prefix K/V.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from phloem.runtime.attention.registry import get_attention_backend_class
+from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
+from phloem.runtime.executor.model_runner import greedy_sampling_info
+
+# ||out - ref|| / ||ref|| against a float64 torch_ref run on the same (upcast) inputs
+REL_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Heads:
+    q: int
+    kv: int
+    dim: int
+
+
+# name -> (prefix_lens, extend_lens, mode)
+BATCHES: dict[str, tuple[list[int], list[int], ForwardMode]] = {
+    "extend_no_prefix": ([0], [37], ForwardMode.EXTEND),
+    "extend_prefix": ([45], [19], ForwardMode.EXTEND),
+    "extend_mixed": ([0, 130, 7, 64, 3], [33, 1, 70, 16, 0], ForwardMode.EXTEND),
+    "extend_long": ([700, 0], [150, 260], ForwardMode.EXTEND),
+    "decode_mixed": ([0, 17, 300, 5, 1000], [1, 1, 1, 1, 1], ForwardMode.DECODE),
+    "decode_long": ([2047], [1], ForwardMode.DECODE),
+    "decode_batch64": ([(37 * i) % 900 for i in range(64)], [1] * 64, ForwardMode.DECODE),
+}
+HEADS = {
+    "mha_d64": Heads(8, 8, 64),
+    "gqa3_d64": Heads(9, 3, 64),
+    "gqa4_d128": Heads(32, 8, 128),
+    "gqa8_d128": Heads(16, 2, 128),
+}
+# Small enough for Triton's CPU interpreter
+SMALL_BATCHES: dict[str, tuple[list[int], list[int], ForwardMode]] = {
+    "extend_mixed_small": ([0, 40, 5], [9, 1, 70], ForwardMode.EXTEND),
+    "decode_small": ([0, 17, 90], [1, 1, 1], ForwardMode.DECODE),
+}
+SMALL_HEADS = {"gqa2_d64": Heads(4, 2, 64), "gqa4_d128": Heads(4, 1, 128)}
+
+
+@dataclass
+class Batch:
+    pool: KVPool
+    rtt: ReqToTokenPool
+    fi: ForwardInput
+    q: torch.Tensor  # [T, Hq, D]
+    k: torch.Tensor  # [T, Hk, D] new tokens
+    v: torch.Tensor
+
+
+def make_batch(
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    mode: ForwardMode,
+    heads: Heads,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+) -> Batch:
+    """A batch whose requests sit in shuffled ``req_to_token`` rows over scattered slots."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(prefix_lens) + sum(extend_lens)
+    num_slots = total + 64
+    pool = KVPool(1, num_slots, heads.kv, heads.dim, dtype, device)
+    # Random garbage in unused slots: a kernel reading the wrong slot fails loudly.
+    pool.k_buffer[0].copy_(torch.randn(pool.k_buffer[0].shape, generator=gen) * 10)
+    pool.v_buffer[0].copy_(torch.randn(pool.v_buffer[0].shape, generator=gen) * 10)
+    max_context = max(p + e for p, e in zip(prefix_lens, extend_lens)) + 5
+    rtt = ReqToTokenPool(len(prefix_lens) + 3, max_context, device)
+    row_order = torch.randperm(rtt.size, generator=gen)[: len(prefix_lens)].tolist()
+    perm = torch.randperm(num_slots - 1, generator=gen) + 1  # never the padding slot
+    used = 0
+    out_slots = []
+    for row, p, e in zip(row_order, prefix_lens, extend_lens):
+        slots = perm[used : used + p + e]
+        used += p + e
+        rtt.req_to_token[row, : p + e] = slots.to(device)
+        kp = torch.randn(p, heads.kv, heads.dim, generator=gen)
+        vp = torch.randn(p, heads.kv, heads.dim, generator=gen)
+        pool.set_kv(0, slots[:p].to(device), kp.to(device), vp.to(device))
+        out_slots.append(slots[p:])
+    ext = torch.tensor(extend_lens)
+    t = int(ext.sum())
+    fi = ForwardInput(
+        mode=mode,
+        input_ids=torch.zeros(t, dtype=torch.int64),
+        positions=torch.cat([torch.arange(p, p + e) for p, e in zip(prefix_lens, extend_lens)]),
+        out_slots=torch.cat(out_slots),
+        req_pool_indices=torch.tensor(row_order),
+        seq_lens=torch.tensor(prefix_lens) + ext,
+        prefix_lens=torch.tensor(prefix_lens),
+        extend_lens=ext,
+        sampling=greedy_sampling_info(len(prefix_lens)),
+    ).to(device)
+
+    def rnd(h: int) -> torch.Tensor:
+        return torch.randn(t, h, heads.dim, generator=gen).to(device=device, dtype=dtype)
+
+    return Batch(pool, rtt, fi, rnd(heads.q), rnd(heads.kv), rnd(heads.kv))
+
+
+def _clone_pool(pool: KVPool, dtype: torch.dtype) -> KVPool:
+    out = KVPool(pool.num_layers, pool.num_slots, pool.num_kv_heads, pool.head_dim, dtype, pool.device)
+    out.k_buffer[0].copy_(pool.k_buffer[0])
+    out.v_buffer[0].copy_(pool.v_buffer[0])
+    return out
+
+
+def compare_with_ref(backend_name: str, batch: Batch, num_heads: int) -> float:
+    """Run ``backend_name`` and a float64 ``torch_ref`` on the same batch; return the relative error.
+
+    Also checks that the new K/V landed in the pool at ``out_slots`` and that nothing is NaN.
+    """
+    dtype = batch.q.dtype
+    ref_pool = _clone_pool(batch.pool, torch.float64)
+    ref = get_attention_backend_class("torch_ref")(ref_pool, batch.rtt, num_heads=num_heads)
+    ref.init_metadata(batch.fi)
+    expect = ref.forward(batch.q.double(), batch.k.double(), batch.v.double(), 0)
+
+    fast = get_attention_backend_class(backend_name)(batch.pool, batch.rtt, num_heads=num_heads)
+    fast.init_metadata(batch.fi)
+    out = fast.forward(batch.q, batch.k, batch.v, 0)
+
+    assert out.shape == batch.q.shape and out.dtype == dtype
+    assert not torch.isnan(out).any(), "NaN in output"
+    slots = batch.fi.out_slots
+    torch.testing.assert_close(batch.pool.k_buffer[0][slots], batch.k.to(batch.pool.dtype))
+    torch.testing.assert_close(batch.pool.v_buffer[0][slots], batch.v.to(batch.pool.dtype))
+    err = float((out.double() - expect).norm() / expect.norm())
+    assert err < REL_TOL[dtype], f"relative error {err:.3e} over {REL_TOL[dtype]:.0e}"
+    return err
