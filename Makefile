@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml setup.py
 	touch $@
 
 $(VENV)/.installed-test: $(VENV)/.installed
-	$(PIP) install -q -e '.[runtime,test]'
+	$(PIP) install -q -e '.[runtime,bench,test]'
 	# SGLang's own frontend, for the wire-compatibility test only (its heavy deps are not wanted)
 	$(PIP) install -q --no-deps sglang==0.5.10
 	$(PIP) install -q pybase64 IPython tqdm

@@ -38,10 +38,9 @@ class FutureMap:
         return ids
 
     def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
-        # [T]: negative ids are futures
-        if not bool((input_ids < 0).any()):
-            return input_ids
-        return torch.where(input_ids < 0, self.buf[(-input_ids).clamp(min=0)], input_ids)
+        # [T]: negative ids are futures. No data-dependent branch: it would sync a GPU stream.
+        ids = input_ids.to(self.buf.device, non_blocking=True)
+        return torch.where(ids < 0, self.buf[(-ids).clamp(min=0)], ids)
 
     def store(self, future_ids: torch.Tensor, tokens: torch.Tensor) -> None:
         self.buf[future_ids.to(self.buf.device)] = tokens.to(self.buf.device)

@@ -20,6 +20,9 @@ class ScheduledBatch:
     # or a prefill-only request).
     discard: list[bool] = field(default_factory=list)
     chunk: list[bool] = field(default_factory=list)  # rows that are a non-final prefill chunk
+    # Rows computing prompt tokens (not decode rows of a mixed batch): their KV enters the tree
+    # as soon as the step is processed, so siblings can share it while this request still runs.
+    prefill_row: list[bool] = field(default_factory=list)
     extend_lens: list[int] = field(default_factory=list)
     prefix_lens: list[int] = field(default_factory=list)
     # Rows that asked for input logprobs in this pass, with the absolute start position.

@@ -80,6 +80,8 @@ class Scheduler:
         # Requests whose output grew by jump-forward: their new tokens are extended next prefill.
         self.jumped: list[Req] = []
         self._jump_pending: list[tuple[Req, int]] = []
+        # Requests whose prompt pass is launched but not processed (not in the tree yet).
+        self._prefilling: dict[int, Req] = {}
         self.ratio = NewTokenRatio(config.schedule_conservativeness)
         self.inflight: deque[tuple[ScheduledBatch, Future[ForwardOutput]]] = deque()
         self.release_after_inflight: list[Req] = []
@@ -211,7 +213,7 @@ class Scheduler:
                 self._abort_unfittable(req, "the prompt is longer than the KV cache pool")
                 continue
             self._match(req)
-            if should_defer_sibling(req, admitted_now):
+            if should_defer_sibling(req, [*admitted_now, *self._prefilling.values()]):
                 continue
             result = self._try_admit(req, adder)
             if result == AddResult.ADDED:
@@ -302,6 +304,7 @@ class Scheduler:
             batch.extend_lens.append(req.extend_len)
             batch.discard.append(req.is_chunked or req.params.max_new_tokens == 0)
             batch.chunk.append(req.is_chunked)
+            batch.prefill_row.append(True)
             batch.input_logprob_from.append(
                 max(req.logprob_start_len, 0) if req.wants_input_logprobs else -1
             )
@@ -314,6 +317,7 @@ class Scheduler:
                     batch.extend_lens.append(1)
                     batch.discard.append(False)
                     batch.chunk.append(False)
+                    batch.prefill_row.append(False)
                     batch.input_logprob_from.append(-1)
         self.chunked = adder.new_chunked
         return batch
@@ -348,6 +352,7 @@ class Scheduler:
         batch.extend_lens = [1] * len(reqs)
         batch.discard = [False] * len(reqs)
         batch.chunk = [False] * len(reqs)
+        batch.prefill_row = [False] * len(reqs)
         self.ratio.step()
         self._decode_steps += 1
         return batch
@@ -380,6 +385,8 @@ class Scheduler:
         # Requests whose prefill completes join the running set now, so the next step (which may
         # be launched before this one is processed) already decodes them.
         for i, req in enumerate(batch.reqs):
+            if batch.prefill_row and batch.prefill_row[i]:
+                self._prefilling[id(req)] = req
             if batch.is_prefill and keep[i] and req not in self.running:
                 self.running.append(req)
         return self.worker.submit(fi, future_ids)
@@ -392,6 +399,8 @@ class Scheduler:
         # Requests that finished while this step was queued are released now that it is done.
         self._release_deferred()
         for i, req in enumerate(batch.reqs):
+            if batch.prefill_row[i]:
+                self._prefilling.pop(id(req), None)
             lp = out.logprobs[i] if out.logprobs is not None else None
             if batch.discard[i]:
                 self._after_discarded_row(
@@ -402,6 +411,8 @@ class Scheduler:
             req.pending_outputs -= 1
             if req.finished:
                 continue
+            if batch.prefill_row[i]:
+                self._share_prefix(req, batch.prefix_lens[i] + batch.extend_lens[i])
             self._append_token(req, tokens[i], lp)
         self._apply_jumps()
         self._drop_finished_running()
@@ -421,20 +432,25 @@ class Scheduler:
         if lp is not None:
             self.outputs.record_input_logprobs(req, lp)
         if is_chunk:
-            # Only the tokens of this chunk are known to be computed: a later chunk may already
-            # have been launched (overlap) and moved kv_len further.
-            done = batch_prefix + batch_extend
-            self.cache.cache_unfinished(
-                req.handle,
-                req.fill_ids[:done],
-                self.req_pool.req_to_token[req.req_pool_idx, :done],
-                req_row=req.req_pool_idx,
-            )
+            self._share_prefix(req, batch_prefix + batch_extend)
             return
         # prefill-only request (max_new_tokens == 0)
         req.finish(FinishReason.length(0))
         self.outputs.add(req)
         self._release(req)
+
+    def _share_prefix(self, req: Req, done: int) -> None:
+        """Insert the request's computed tokens ``[0, done)`` into the tree while it keeps running
+        (``done`` is what this step computed: with overlap, a later step may already have moved
+        ``kv_len`` further)."""
+        if done <= req.prefix_len:
+            return
+        self.cache.cache_unfinished(
+            req.handle,
+            req.fill_ids[:done],
+            self.req_pool.req_to_token[req.req_pool_idx, :done],
+            req_row=req.req_pool_idx,
+        )
 
     def _append_token(self, req: Req, token: int, lp: Any) -> None:
         req.output_ids.append(token)

@@ -232,3 +232,15 @@ def test_lpm_policy_serves_everyone_correctly():
     for r in reqs:
         assert out[r.rid] == expected(r.prompt_len, 3)
     assert all(r.cached_tokens >= 100 for r in reqs[1::2])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_siblings_arriving_together_compute_their_stem_once(overlap):
+    h = Harness(pool=4096, overlap=overlap)
+    stem = list(range(7000, 7100))
+    reqs = [h.add(f"s{i}", stem + [i + 1, i + 2], max_new=20) for i in range(4)]
+    h.run()
+    out = h.outputs()
+    assert all(out[r.rid] == expected(102, 20) for r in reqs)
+    # the first computes the stem; the others read it from the tree while it is still running
+    assert sorted(r.cached_tokens for r in reqs)[1:] == [100, 100, 100]
