@@ -66,7 +66,7 @@ class ChatTemplate:
         self.name = name or "custom"
         self._extra = {"bos_token": bos_token, "eos_token": eos_token}
         self._compiled = _compile(source)
-        self._markers: dict[str, RoleMarkers] = {}
+        self._markers: dict[tuple[str, bool], RoleMarkers] = {}
 
     @classmethod
     def registered(cls, name: str = DEFAULT_TEMPLATE) -> ChatTemplate:
@@ -87,14 +87,23 @@ class ChatTemplate:
             messages=list(messages), add_generation_prompt=add_generation_prompt, **self._extra
         )
 
-    def markers(self, role: str) -> RoleMarkers:
-        """The prefix and suffix this template wraps around a ``role`` message's content."""
-        if role not in self._markers:
-            self._markers[role] = self._derive_markers(role)
-        return self._markers[role]
+    def markers(self, role: str, *, first: bool = False) -> RoleMarkers:
+        """The prefix and suffix this template wraps around a ``role`` message's content.
 
-    def _derive_markers(self, role: str) -> RoleMarkers:
-        for context in _contexts_for(role):
+        ``first`` asks for the markers of the conversation's first message: a template may add text
+        there (a default system prompt when the first message is not a system one), and the program
+        text must match what the template renders for the same messages.
+        """
+        key = (role, first)
+        if key not in self._markers:
+            self._markers[key] = self._derive_markers(role, first=first)
+        return self._markers[key]
+
+    def _derive_markers(self, role: str, *, first: bool) -> RoleMarkers:
+        contexts = _contexts_for(role)
+        if first:  # the conversation's first message: the template may add text before it
+            contexts = [[], *contexts]
+        for context in contexts:
             found = self._markers_after(context, role)
             if found is not None:
                 return found

@@ -277,7 +277,7 @@ def _run_role_block(ex: Executor, node: RoleBlock) -> None:
 def _run_role_begin(ex: Executor, node: RoleBegin) -> None:
     if ex.open_role is not None:
         raise ProgramError(f"cannot open role {node.role!r} inside role {ex.open_role[0]!r}")
-    ex.append(ex.template.markers(node.role).prefix)
+    ex.append(ex.template.markers(node.role, first=not ex.messages).prefix)
     ex.open_role = (node.role, len(ex.text))
 
 
@@ -287,7 +287,8 @@ def _run_role_end(ex: Executor, node: RoleEnd) -> None:
         raise ProgramError(f"role end {node.role!r} does not match the open role {open_name!r}")
     content = ex.text[ex.open_role[1] :]
     ex.open_role = None
-    ex.append(ex.template.markers(node.role).suffix)
+    first = not ex.messages
+    ex.append(ex.template.markers(node.role, first=first).suffix)
     with ex._cond:
         ex.messages.append({"role": node.role, "content": content})
 

@@ -300,14 +300,16 @@ def _trace_role_block(st: TracerState, node: RoleBlock) -> None:
 
 
 def _trace_role_begin(st: TracerState, node: RoleBegin) -> None:
-    st._step("role", label=node.role, text=st._template.markers(node.role).prefix)
+    prefix = st._template.markers(node.role, first=not st._messages).prefix
+    st._step("role", label=node.role, text=prefix)
     st._role_start = len(st._text)
 
 
 def _trace_role_end(st: TracerState, node: RoleEnd) -> None:
     content = st._text[st._role_start or 0 :]
+    suffix = st._template.markers(node.role, first=not st._messages).suffix
     st._messages.append({"role": node.role, "content": content})
-    st._step("end", label=node.role, text=st._template.markers(node.role).suffix)
+    st._step("end", label=node.role, text=suffix)
 
 
 def _trace_gen(st: TracerState, node: Gen) -> None:

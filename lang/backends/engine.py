@@ -19,13 +19,15 @@ class EngineBackend(NativeBackend):
     return_logprob=False, logprob_start_len=-1, top_logprobs_num=0, token_ids_logprob=None, rid=None,
     stream=False)`` returning the ``/generate`` JSON shape (a list for list prompts; an iterator of
     cumulative chunks when streaming) and ``get_model_info()``. An optional ``tokenize(text)`` returning
-    token ids saves a prefill when ``select`` scores choices.
+    token ids saves a prefill when ``select`` scores choices; so does a ``tokenizer`` (anything with
+    ``encode(text, add_special_tokens=True)``), passed here or found as the engine's tokenizer manager's.
     """
 
-    def __init__(self, engine: Any):
+    def __init__(self, engine: Any, *, tokenizer: Any = None):
         self.engine = engine
         self._accepted = _keyword_names(engine.generate)
         self._info: dict[str, Any] | None = None
+        self._tokenizer = tokenizer if tokenizer is not None else _engine_tokenizer(engine)
 
     def __repr__(self) -> str:
         return f"EngineBackend({type(self.engine).__name__})"
@@ -51,7 +53,16 @@ class EngineBackend(NativeBackend):
         tokenize = getattr(self.engine, "tokenize", None)
         if callable(tokenize):
             return [list(tokenize(t)) for t in texts]
+        if self._tokenizer is not None:
+            # The same call the runtime makes for a text prompt, so the ids match /generate's.
+            return [list(self._tokenizer.encode(t, add_special_tokens=True)) for t in texts]
         return super().tokenize(texts)
+
+
+def _engine_tokenizer(engine: Any) -> Any:
+    """Our Engine keeps its tokenizer on its tokenizer manager (``engine.tm.tokenizer``)."""
+    tokenizer = getattr(getattr(engine, "tm", None), "tokenizer", None)
+    return tokenizer if callable(getattr(tokenizer, "encode", None)) else None
 
 
 def _keyword_names(fn: Any) -> set[str] | None:

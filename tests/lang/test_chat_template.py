@@ -102,3 +102,38 @@ def test_program_roles_render_with_the_engine_template():
         ]
     )
     assert state.text() == expected
+
+
+DEFAULT_SYSTEM = (  # adds a system prompt when the conversation does not start with one (SmolLM2 style)
+    "{% for m in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nDefault.<|im_end|>\n' }}{% endif %}"
+    "{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def test_first_message_markers_keep_the_templates_default_system_prompt():
+    template = ChatTemplate(DEFAULT_SYSTEM)
+    assert (
+        template.markers("user", first=True).prefix
+        == "<|im_start|>system\nDefault.<|im_end|>\n<|im_start|>user\n"
+    )
+    assert template.markers("user").prefix == "<|im_start|>user\n"
+    assert template.markers("system", first=True).prefix == "<|im_start|>system\n"
+
+
+@pytest.mark.parametrize("with_system", [True, False])
+def test_program_text_equals_the_template_render_with_or_without_a_system_turn(with_system):
+    backend = EngineBackend(FakeEngine(chat_template=DEFAULT_SYSTEM))
+
+    @ph.function
+    def chat(s):
+        if with_system:
+            s += ph.system("S")
+        s += ph.user("U")
+        s += ph.assistant(ph.gen("a"))
+
+    state = chat.run(backend=backend)
+    assert state.text() == ChatTemplate(DEFAULT_SYSTEM).render(state.messages())
+    tree = chat.trace(backend=backend)
+    assert state.text().startswith(tree.stem)
