@@ -16,11 +16,11 @@ from .conftest import pool_is_idle
 
 
 def test_tiny_pool_retracts_and_all_requests_finish_correctly():
-    # 32 requests of ~20 prompt tokens each wanting up to 48 more: far more than 500 slots. An
+    # 32 requests of ~20 prompt tokens each wanting up to 32 more: far more than 400 slots. An
     # optimistic forecast (low conservativeness) admits too many, so some must be retracted.
     prompts = [f"Request {i}: list the even numbers starting at {2 * i}:" for i in range(32)]
-    params = {"max_new_tokens": 48, "temperature": 0}
-    with Engine(max_total_tokens=500, max_running_requests=32, schedule_conservativeness=0.3,
+    params = {"max_new_tokens": 32, "temperature": 0}
+    with Engine(max_total_tokens=400, max_running_requests=32, schedule_conservativeness=0.3,
                 enable_deterministic_inference=True, log_level="warning") as eng:
         outs = eng.generate(prompts, sampling_params=params)
         assert all(o["meta_info"]["finish_reason"]["type"] in ("length", "stop") for o in outs)

@@ -1,7 +1,8 @@
 """The default GGUF model through ModelRunner vs transformers loading the same file (float32).
 
 Checks log-softmax agreement on a 64-token prompt (every position) and identical greedy
-32-token continuations, decoded step by step through the KV pool.
+32-token continuations, decoded step by step through the KV pool. The ``int4`` path (the GGUF's
+own Q4_1 blocks) computes with the same weights, so its logits stay within float32 rounding.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def runner() -> ModelRunner:
     except ImportError:
         sampler = lambda logits, info: logits.argmax(-1)  # noqa: E731
     return ModelRunner(resolve_model(None), dtype="float32", device="cpu", max_total_tokens=2048,
-                       max_running_requests=4, sampler=sampler)  # fmt: skip
+                       max_running_requests=4, sampler=sampler, cpu_threads=1)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -104,3 +105,16 @@ def test_greedy_continuations_match_transformers(
                                    eos_token_id=eos, pad_token_id=eos)[0, len(ids):].tolist()  # fmt: skip
     ours = DirectBatcher(runner).generate_greedy(ids, 32, stop_ids={eos})
     assert ours == hf_out, (tokenizer.decode(ours), tokenizer.decode(hf_out))
+
+
+def test_int4_runner_matches_float(runner: ModelRunner, tokenizer: Tokenizer) -> None:
+    """Same weights (Q4_1 blocks as stored), another summation order: near-equal logits, same text."""
+    quant = ModelRunner(resolve_model(None), dtype="float32", device="cpu", max_total_tokens=2048,
+                        max_running_requests=4, sampler=lambda logits, info: logits.argmax(-1),
+                        quantization="int4", cpu_threads=1)  # fmt: skip
+    ids = tokenizer.encode(tokenizer.apply_chat_template(CHATS[0]))
+    ref_b, q_b = DirectBatcher(runner), DirectBatcher(quant)
+    s_ref, s_q = ref_b.new_sequence(), q_b.new_sequence()
+    torch.testing.assert_close(q_b.logits({s_q: ids}), ref_b.logits({s_ref: ids}), atol=2e-3, rtol=0)
+    text = tokenizer.decode(DirectBatcher(quant).generate_greedy(ids, 16, stop_ids={tokenizer.eos_token_id}))
+    assert "Paris" in text, text
