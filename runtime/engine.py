@@ -135,6 +135,10 @@ class Engine:
     def get_server_info(self) -> dict[str, Any]:
         return self._call(self.tm.get_server_info())
 
+    def tokenize(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids exactly as ``generate`` would see them for ``text``."""
+        return self.tm.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
     def get_model_info(self) -> dict[str, Any]:
         return dict(self.tm.model_info)
 
