@@ -2,10 +2,15 @@
 
 Workload (``--scale 1``): groups of 8 users; the users of a group share a 2,048-token system prompt,
 then ask a 32-token question; 32 output tokens (``ignore_eos``, greedy); 8 requests in flight. Users
-arrive round-robin over the groups (user 0 of every group, then user 1 of every group, ...), so a
-group's prompt is needed again only after every other group's. The device KV pool holds about 11
-prompts, so with more groups the radix cache alone has evicted a prompt before it is reused; with
+arrive in random order (``--order random``, seeded) or round-robin over the groups (user 0 of every
+group, then user 1 of every group, ...). The device KV pool holds about 11 prompts, so with more
+groups the radix cache alone has often evicted a prompt before it is reused; with
 ``--enable-hierarchical-cache`` (host pool 2x the device pool) it comes back from the host.
+
+What to expect from LRU tiers: ``write_through`` keeps device content on the host too, so device
+and host together hold ~22 prompts; ``write_back`` keeps them apart (~33 prompts). A strictly
+cyclic order over more groups than fit gets no hits from any LRU cache; a random order gets the
+fraction that fits.
 
 For each number of groups (default 8, 32, 64) the same requests run through an Engine without and
 with the hierarchical cache; the table shows mean TTFT, output and total token throughput, the share
@@ -27,6 +32,7 @@ import dataclasses
 import datetime
 import json
 import os
+import random
 import sys
 from typing import Any
 
@@ -47,6 +53,8 @@ class Workload:
     output_len: int = 32
     in_flight: int = 8
     pool_prompts: float = 11.0  # device pool size, in prompts (prefix + question + output)
+    order: str = "random"  # or "roundrobin"
+    write_policy: str = "write_through"
 
     @classmethod
     def scaled(cls, scale: float) -> Workload:
@@ -62,7 +70,7 @@ class Workload:
         return round(self.pool_prompts * (self.prefix_len + self.question_len + self.output_len))
 
     def sessions(self, tokenizer: Any, groups: int) -> list[Session]:
-        """Round-robin over groups: user u of group g is request ``u * groups + g``."""
+        """Round-robin over groups (user u of group g is request ``u * groups + g``) or shuffled."""
         opts = DatasetOptions(num_groups=groups, prompts_per_group=self.users_per_group,
                               prefix_len=self.prefix_len, question_len=self.question_len,
                               output_len=self.output_len)  # fmt: skip
@@ -70,6 +78,8 @@ class Workload:
         order = [
             by_group[g * self.users_per_group + u] for u in range(self.users_per_group) for g in range(groups)
         ]
+        if self.order == "random":
+            random.Random(1).shuffle(order)
         return [dataclasses.replace(s, sid=i) for i, s in enumerate(order)]
 
 
@@ -79,6 +89,7 @@ def run_one(work: Workload, groups: int, *, hicache: bool) -> dict[str, Any]:
     flags: dict[str, Any] = {"max_total_tokens": work.pool_tokens}
     if hicache:
         flags["enable_hierarchical_cache"] = True
+        flags["hicache_write_policy"] = work.write_policy
     engine = Engine(log_level="warning", **flags)
     try:
         return asyncio.run(_workload(engine, work, groups))
@@ -130,9 +141,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--scale", type=float, default=1.0, help="shrink prompt, question and output lengths")
     ap.add_argument("--groups", default="8,32,64", help="comma-separated numbers of groups")
     ap.add_argument("--users", type=int, default=8, help="users per group")
+    ap.add_argument("--order", default="random", choices=["random", "roundrobin"], help="arrival order")
+    ap.add_argument(
+        "--write-policy", default="write_through", help="--hicache-write-policy of the HiCache runs"
+    )
     ap.add_argument("--no-save", action="store_true", help="do not write the results file")
     args = ap.parse_args(argv)
-    work = dataclasses.replace(Workload.scaled(args.scale), users_per_group=args.users)
+    work = dataclasses.replace(
+        Workload.scaled(args.scale),
+        users_per_group=args.users,
+        order=args.order,
+        write_policy=args.write_policy,
+    )
     print(f"workload: {work} device pool {work.pool_tokens} tokens (scale {args.scale})", flush=True)
     rows = []
     for groups in (int(g) for g in args.groups.split(",")):

@@ -36,6 +36,20 @@ class EngineArgs:
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (overrides the memory budget)")
     disable_radix_cache: bool = _opt(False, "do not reuse prefixes across requests")
     kv_cache_dtype: str = _opt("auto", "KV cache dtype", ("auto", "fp8_e4m3"))
+    # --- hierarchical cache (device -> host -> storage)
+    enable_hierarchical_cache: bool = _opt(False, "keep KV evicted from the device pool in a host pool")
+    hicache_ratio: float = _opt(2.0, "host KV pool size as a multiple of the device pool")
+    hicache_size: float | None = _opt(None, "host KV pool size in GB (overrides --hicache-ratio)")
+    hicache_write_policy: str = _opt(
+        "write_through", "when device KV is copied to the host: first hit, second hit, or on eviction",
+        ("write_through", "write_through_selective", "write_back"),
+    )
+    hicache_storage_backend: str | None = _opt(None, "storage tier below the host pool", (None, "file"))
+    hicache_storage_dir: str | None = _opt(None, "directory of the file storage tier")
+    hicache_storage_prefetch_policy: str = _opt(
+        "timeout", "how long a request waits for its prefix from storage",
+        ("best_effort", "wait_complete", "timeout"),
+    )
     # --- scheduling
     max_running_requests: int | None = _opt(None, "cap on requests decoding at once")
     chunked_prefill_size: int | None = _opt(None, "max new tokens of one request per prefill pass")

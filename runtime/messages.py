@@ -86,6 +86,7 @@ class ReqTokenOut(msgspec.Struct, kw_only=True):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    cached_tokens_details: dict[str, int] | None = None  # {device, host, storage}
     num_retractions: int = 0
     # [logprob, token_id] pairs; top lists are [[logprob, token_id], ...] per position.
     output_logprobs: list[list[Any]] | None = None

@@ -21,17 +21,28 @@ Slot ownership, per request row ``[0, allocated)``:
 Invariant (``check_integrity``): free + evictable + locked + private == total, and no slot is free and
 in the tree at once. With ``tree=None`` (``--disable-radix-cache``) nothing is shared: every slot a
 request holds is private and is freed when it finishes.
+
+Hierarchical cache (``hicache``, optional): ``match`` also reports a continuation of the prefix held
+only on the host (``Match.host_length``) and starts storage prefetches past it; a scheduler that
+wants those tokens asks ``prefetch_ready(m)`` before admitting and calls ``m = load_back(m)`` right
+before ``acquire`` (fresh device slots, KV copied from the host). ``record_hit(m)`` on first
+admission returns ``{device, host, storage}`` token counts. The invariant then also covers the host
+tier: host free + host-resident == host total (``check_integrity``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .allocator import TokenSlotAllocator
 from .radix_tree import Node, RadixTree
+
+if TYPE_CHECKING:
+    from .hicache import HiCacheController
 
 __all__ = ["CacheHandle", "CacheIntegrityError", "CacheManager", "Match"]
 
@@ -48,11 +59,27 @@ class Match:
 
     ``node`` is ``None`` when the radix cache is disabled. It is safe to use only until the next
     ``alloc`` / ``flush`` unless locked first (``acquire`` or ``lock``).
+
+    With a host tier: ``host_length`` more tokens of the prefix live only on the host, ending at
+    ``host_node``; ``prefetch`` is a storage prefetch for tokens past them (or ``None``).
+    After ``load_back``, ``loaded_host`` / ``loaded_storage`` of the ``length`` tokens were just
+    brought back from the host (``loaded_storage`` of those had been read from storage).
     """
 
     slots: torch.Tensor
     length: int
     node: Node | None
+    host_length: int = 0
+    host_node: Node | None = None
+    prefetch: Any = None
+    loaded_host: int = 0
+    loaded_storage: int = 0
+
+    @property
+    def cached_tokens_details(self) -> dict[str, int]:
+        """Cached tokens of this match by the tier they were found on."""
+        device = self.length - self.loaded_host - self.loaded_storage
+        return {"device": device, "host": self.loaded_host, "storage": self.loaded_storage}
 
 
 @dataclass
@@ -80,14 +107,24 @@ class CacheManager:
         The caller's ``[rows, max_context]`` int64 table; only ``cache_unfinished`` writes to it.
     tree:
         Radix tree, or ``None`` to disable prefix sharing.
+    hicache:
+        Hierarchical cache controller over the same ``tree`` (host and storage tiers), or ``None``.
     """
 
     def __init__(
-        self, *, allocator: TokenSlotAllocator, req_to_token: torch.Tensor, tree: RadixTree | None
+        self,
+        *,
+        allocator: TokenSlotAllocator,
+        req_to_token: torch.Tensor,
+        tree: RadixTree | None,
+        hicache: HiCacheController | None = None,
     ) -> None:
+        if hicache is not None and (tree is None or hicache.tree is not tree):
+            raise ValueError("the hierarchical cache needs the radix tree it was built over")
         self._allocator = allocator
         self._req_to_token = req_to_token
         self._tree = tree
+        self._hicache = hicache
 
     # ------------------------------------------------------------------ sizes
     @property
@@ -120,6 +157,11 @@ class CacheManager:
         """Usable slots in the pool."""
         return self._allocator.total_size
 
+    @property
+    def hicache(self) -> HiCacheController | None:
+        """The hierarchical cache controller, if enabled."""
+        return self._hicache
+
     # ------------------------------------------------------------------ admission
     def match(
         self, token_ids: Sequence[int], *, extra_key: str | None = None, max_len: int | None = None
@@ -133,8 +175,61 @@ class CacheManager:
         if self._tree is None:
             return Match(slots=_EMPTY.clone(), length=0, node=None)
         key = token_ids if max_len is None else token_ids[: max(max_len, 0)]
+        if self._hicache is not None:
+            self._hicache.poll()
         r = self._tree.match_prefix(key, extra_key=extra_key)
-        return Match(slots=r.slots, length=r.length, node=r.last_node)
+        if self._hicache is None:
+            return Match(slots=r.slots, length=r.length, node=r.last_node)
+        op = self._hicache.lookup(key, extra_key=extra_key, cached=r.length + r.host_length)
+        return Match(slots=r.slots, length=r.length, node=r.last_node, host_length=r.host_length,
+                     host_node=r.host_node, prefetch=op)  # fmt: skip
+
+    def prefetch_ready(self, match: Match | None) -> bool:
+        """Whether a request with this match may be admitted now: False only while a storage
+        prefetch for it is running and the prefetch policy says to wait for it."""
+        if self._hicache is None or match is None:
+            return True
+        return self._hicache.prefetch_ready(match.prefetch)
+
+    def load_back(self, match: Match) -> Match:
+        """Bring the host-only part of ``match`` into fresh device slots; returns the longer match.
+
+        Call it right before ``acquire`` (nothing may allocate in between). The device part and the
+        host path are protected while slots are allocated (which may evict other nodes); when the
+        pool cannot hold the host part, ``match`` is returned unchanged and the request computes
+        those tokens. Returns ``match`` itself when there is nothing on the host.
+        """
+        if self._hicache is None or match.host_length == 0 or match.host_node is None:
+            return match
+        assert self._tree is not None
+        end = match.host_node
+        self._tree.lock(end)
+        try:
+            slots = self.alloc(match.host_length)
+            if slots is None:
+                return match
+            nodes = self._tree.path_to(end)[-_count_host_only(end) :]
+            host, storage = self._hicache.load(nodes, slots)
+        finally:
+            self._tree.unlock(end)
+        return Match(
+            slots=torch.cat([match.slots, slots]),
+            length=match.length + match.host_length,
+            node=end,
+            loaded_host=match.loaded_host + host,
+            loaded_storage=match.loaded_storage + storage,
+        )
+
+    def record_hit(self, match: Match) -> dict[str, int]:
+        """Count an admitted request's cached tokens per tier; returns ``{device, host, storage}``."""
+        details = match.cached_tokens_details
+        if self._hicache is not None:
+            self._hicache.record_hit(**details)
+        return details
+
+    def tier_stats(self) -> dict[str, float]:
+        """Hierarchical cache counters (hits per tier, bytes moved); empty when it is disabled."""
+        return self._hicache.stats() if self._hicache is not None else {}
 
     def acquire(self, match: Match, *, extra_key: str | None = None) -> CacheHandle:
         """Lock ``match.node`` and return the request's handle (``prefix_len = match.length``).
@@ -142,6 +237,8 @@ class CacheManager:
         After this the caller writes ``match.slots`` into its row at ``[0, match.length)``.
         """
         self.lock(match.node)
+        if self._hicache is not None and match.length > 0:
+            self._hicache.on_acquire(match.node)
         return CacheHandle(extra_key=extra_key, node=match.node, prefix_len=match.length)
 
     def lock(self, node: Node | None) -> None:
@@ -164,7 +261,7 @@ class CacheManager:
             return None
         short = n - self._allocator.available_size
         if short > 0 and self._tree is not None:
-            self._allocator.free(self._tree.evict(short))
+            self._allocator.free(self._tree.evict(short, host=self._hicache))
         return self._allocator.alloc(n)
 
     def free_slots(self, slots: torch.Tensor) -> None:
@@ -199,6 +296,8 @@ class CacheManager:
             raise RuntimeError(f"re-match after insert found {m.length} of {kv_len} tokens")
         start = handle.prefix_len
         self._req_to_token[req_row, start:kv_len] = m.slots[start:].to(self._req_to_token.device)
+        if self._hicache is not None:
+            self._hicache.on_insert(m.last_node)
         self._tree.lock(m.last_node)
         self.unlock(handle.node)
         handle.node, handle.prefix_len = m.last_node, kv_len
@@ -227,6 +326,9 @@ class CacheManager:
             kv_len = self._kv_len(handle, token_ids, slots, kv_len)
             self._insert_and_free_duplicates(handle, token_ids, slots, kv_len)
             self._allocator.free(slots[kv_len:])
+            if self._hicache is not None and kv_len > 0:
+                m = self._tree.match_prefix(token_ids[:kv_len], extra_key=handle.extra_key)
+                self._hicache.on_insert(m.last_node)
             self.unlock(handle.node)
         handle.node, handle.prefix_len = None, 0
 
@@ -252,7 +354,14 @@ class CacheManager:
         if self._tree is not None:
             self._tree.reset()
         self._allocator.reset()
+        if self._hicache is not None:
+            self._hicache.flush()
         return True
+
+    def close(self) -> None:
+        """Stop the hierarchical cache's threads after finishing queued storage writes (no-op without)."""
+        if self._hicache is not None:
+            self._hicache.close()
 
     def check_integrity(self, *, private: int | torch.Tensor = 0) -> None:
         """Raise ``CacheIntegrityError`` unless free + evictable + locked + private == total.
@@ -285,6 +394,9 @@ class CacheManager:
             "a slot is held twice (free and in the tree, or duplicated)",
         )
         _require(bool(((everything >= 1) & (everything <= self.total_size)).all()), "slot out of range")
+        if self._hicache is not None:
+            problems = self._hicache.integrity_problems()
+            _require(not problems, "; ".join(problems))
 
     # ------------------------------------------------------------------ internals
     @staticmethod
@@ -308,6 +420,15 @@ class CacheManager:
         present = self._tree.insert(key, slots[:kv_len], extra_key=handle.extra_key)
         if present > handle.prefix_len:
             self._allocator.free(slots[handle.prefix_len : present])
+
+
+def _count_host_only(node: Node) -> int:
+    """How many nodes at the bottom of the path to ``node`` are host-only."""
+    n = 0
+    while node is not None and node.value is None:
+        n += 1
+        node = node.parent  # type: ignore[assignment]
+    return n
 
 
 def _require(ok: bool, message: str) -> None:

@@ -62,7 +62,8 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     pool_rows = runner.req_to_token_pool
     allocator = TokenSlotAllocator(runner.kv_pool.num_slots)
     tree = None if args.disable_radix_cache else RadixTree()
-    cache = CacheManager(allocator=allocator, req_to_token=pool_rows.req_to_token, tree=tree)
+    hicache = _hierarchical_cache(args, runner, tree, source)
+    cache = CacheManager(allocator=allocator, req_to_token=pool_rows.req_to_token, tree=tree, hicache=hicache)
     chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type)
     if chunk <= 0:
         chunk = None
@@ -106,6 +107,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         "device": str(runner.device),
         "attention_backend": runner.attention_backend_name,
         "available_mem_gb": round(getattr(runner, "available_mem_bytes", 0) / 2**30, 2),
+        "hicache_host_tokens": hicache.host_pool.size if hicache is not None else 0,
     }
     logger.info(
         "max_total_num_tokens=%d, chunked_prefill_size=%s, max_running_requests=%d, context_len=%d, "
@@ -114,6 +116,32 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     )  # fmt: skip
     runtime = SchedulerRuntime(runner=runner, tokenizer=tokenizer, cache=cache, eos_token_ids=eos, info=info)
     return scheduler, runtime
+
+
+def _hierarchical_cache(args: EngineArgs, runner: Any, tree: Any, source: Any) -> Any:
+    if not args.enable_hierarchical_cache:
+        if args.hicache_storage_backend:
+            raise ValueError("--hicache-storage-backend needs --enable-hierarchical-cache")
+        return None
+    if tree is None:
+        raise ValueError("--enable-hierarchical-cache needs the radix cache (drop --disable-radix-cache)")
+    from phloem.runtime.cache.hicache import build_hicache
+
+    pool = runner.kv_pool
+    model_id = f"{source.kind}:{source.path}|{pool.dtype}|{pool.num_layers}x{pool.num_kv_heads}x{pool.head_dim}"
+    if source.kind == "dummy":
+        model_id += f"|seed={args.random_seed}"
+    return build_hicache(
+        pool,
+        tree,
+        ratio=args.hicache_ratio,
+        size_gb=args.hicache_size,
+        write_policy=args.hicache_write_policy,
+        storage_backend=args.hicache_storage_backend,
+        storage_dir=args.hicache_storage_dir,
+        prefetch_policy=args.hicache_storage_prefetch_policy,
+        model_id=model_id,
+    )
 
 
 def _grammar_queue(args: EngineArgs, tokenizer: Any, vocab_size: int, eos: set[int]) -> Any:

@@ -73,6 +73,7 @@ class OutputCollector:
             prompt_tokens=req.prompt_len,
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,
+            cached_tokens_details=req.cached_tokens_details,
             num_retractions=req.num_retractions,
         )
         if not req.init_sent:

@@ -160,3 +160,4 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
         proc.loop(parent_pid)
     finally:
         scheduler.worker.close()
+        runtime.cache.close()  # finishes queued storage writes

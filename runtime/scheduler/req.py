@@ -50,6 +50,7 @@ class Req:
     future_ref: int = 0  # future-map index of the newest in-flight token (overlap)
     # --- reporting
     cached_tokens: int = 0
+    cached_tokens_details: dict[str, int] | None = None  # {device, host, storage} at first admission
     num_retractions: int = 0
     first_admitted: bool = False
     finished_reason: FinishReason | None = None

@@ -215,6 +215,8 @@ class Scheduler:
             self._match(req)
             if should_defer_sibling(req, [*admitted_now, *self._prefilling.values()]):
                 continue
+            if not self.cache.prefetch_ready(req.match):
+                continue  # its prefix is still arriving from the storage tier
             result = self._try_admit(req, adder)
             if result == AddResult.ADDED:
                 admitted_now.append(req)
@@ -232,6 +234,7 @@ class Scheduler:
 
     def _try_admit(self, req: Req, adder: PrefillAdder) -> AddResult:
         before = self.cache.available_size
+        req.match = self.cache.load_back(req.match)  # host-tier part of the prefix -> device slots
         req.handle = self.cache.acquire(req.match, extra_key=req.extra_key)
         lock_cost = before - self.cache.available_size
         adder.rem_total -= lock_cost
@@ -255,6 +258,7 @@ class Scheduler:
         if not req.first_admitted:
             req.first_admitted = True
             req.cached_tokens = req.prefix_len
+            req.cached_tokens_details = self.cache.record_hit(req.match)
             self.stats.prompt_tokens += req.prompt_len
             self.stats.cached_tokens += min(req.prefix_len, req.prompt_len)
         return AddResult.ADDED
@@ -649,6 +653,7 @@ class Scheduler:
             "evictable_tokens": self.cache.evictable_size,
             "new_token_ratio": self.ratio.value,
             "jump_forward_tokens_total": s.jump_forward_tokens,
+            **self.cache.tier_stats(),
         }
 
     def _log_prefill(self, batch: ScheduledBatch) -> None:

@@ -347,6 +347,8 @@ class TokenizerManager:
             cached_tokens=out.cached_tokens,
             num_retractions=out.num_retractions,
         )
+        if out.cached_tokens_details is not None:
+            st.meta["cached_tokens_details"] = out.cached_tokens_details
         if out.spec:
             st.meta.update(out.spec)
         if out.finished is not None:
@@ -385,7 +387,7 @@ class TokenizerManager:
             "num_retractions": st.meta.get("num_retractions", 0),
             "e2e_latency": time.perf_counter() - st.created,
         }
-        for k in ("spec_accept_length", "spec_accept_rate", "spec_verify_ct"):
+        for k in ("cached_tokens_details", "spec_accept_length", "spec_accept_rate", "spec_verify_ct"):
             if k in st.meta:
                 meta[k] = st.meta[k]
         if st.return_logprob:
