@@ -29,6 +29,8 @@ class EngineArgs:
     served_model_name: str | None = _opt(None, "model name reported by the API")
     random_seed: int = _opt(0, "seed for weights of dummy models and unseeded sampling")
     attention_backend: str = _opt("auto", "attention kernels", ("auto", "torch_ref", "triton", "flashinfer"))
+    quantization: str = _opt("none", "weight-only quantized linear layers on CPU", ("none", "int8", "int4"))
+    cpu_threads: int | None = _opt(None, "torch threads of the model on CPU (default: all cores)")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a CUDA graph")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly on CUDA")
     # --- memory and cache

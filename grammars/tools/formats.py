@@ -64,8 +64,13 @@ class ToolCallFormat(abc.ABC):
         normal = "".join(p[0] for p in pieces)
         return normal, merge_deltas([d for p in pieces for d in p[1]])
 
-    def structural_tag(self, tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> dict[str, Any] | None:
-        """The structural tag forcing a call when ``tool_choice`` demands one, else None."""
+    def structural_tag(
+        self, tools: Sequence[Mapping[str, Any]], tool_choice: Any, *, parallel: bool = True
+    ) -> dict[str, Any] | None:
+        """The structural tag forcing a call when ``tool_choice`` demands one, else None.
+
+        With ``parallel`` false, ``"required"`` allows exactly one call.
+        """
         functions = {f["name"]: f.get("parameters") or {"type": "object"} for f in map(_function, tools)}
         if tool_choice in (None, "auto", "none") or not functions:
             if tool_choice == "required":
@@ -78,6 +83,7 @@ class ToolCallFormat(abc.ABC):
                 "tags": tags,
                 "separator": self.separator,
                 "at_least_one": True,
+                "stop_after_first": not parallel,
             }
             return {"type": "structural_tag", "format": fmt}
         name = _chosen_name(tool_choice)
@@ -143,7 +149,7 @@ def get_tool_call_format(name: str) -> ToolCallFormat:
 
 
 def structural_tag_for(
-    tools: Sequence[Mapping[str, Any]], tool_choice: Any, *, format: str = "qwen"
+    tools: Sequence[Mapping[str, Any]], tool_choice: Any, *, format: str = "qwen", parallel: bool = True
 ) -> GrammarSpec | None:
     """The grammar forcing a tool call, or None when ``tool_choice`` does not require one.
 
@@ -157,8 +163,10 @@ def structural_tag_for(
         else), or ``{"type": "function", "function": {"name": ...}}`` (exactly that call).
     format : str
         Tool-call format name.
+    parallel : bool
+        OpenAI's ``parallel_tool_calls``: when false, ``"required"`` allows exactly one call.
     """
-    tag = get_tool_call_format(format).structural_tag(tools, tool_choice)
+    tag = get_tool_call_format(format).structural_tag(tools, tool_choice, parallel=parallel)
     if tag is None:
         return None
     return GrammarSpec(GrammarKind.STRUCTURAL_TAG, json.dumps(tag, sort_keys=True))

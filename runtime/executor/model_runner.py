@@ -8,6 +8,13 @@ gather the logprobs the batch asked for.
 dtype on CPU: ``auto`` picks float32. Measured on the reference machine (AVX2, no AVX-512 BF16 or
 AMX), bfloat16 matmuls are emulated and decode runs several times slower than float32; see
 ``benchmarks/cpu_model.py``. On CUDA ``auto`` picks bfloat16.
+
+Two load-time switches change the kernels, never the loop:
+
+- ``deterministic``: batch-invariant linear layers (fixed 16-row matmul tiles) and attention (one
+  float32 call per query row, :mod:`phloem.runtime.attention.batch_invariant`); a request's logits
+  are then bit-identical whatever batch it runs in and whether its prefix came from the cache.
+- ``quantization``: ``int4`` / ``int8`` weight-only CPU layers (:mod:`phloem.runtime.layers.quant`).
 """
 
 from __future__ import annotations
@@ -16,7 +23,6 @@ import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-
 from typing import Any
 
 import torch
@@ -87,6 +93,14 @@ class ModelRunner:
     sampler:
         ``(logits [B, V] float32, SamplingInfo) -> [B] int64``; default
         :class:`phloem.runtime.sampling.sampler.Sampler`.
+    deterministic:
+        Batch-invariant kernels (``EngineArgs.enable_deterministic_inference``): bit-identical
+        logits for a request whatever its batch and whether its prefix was cached. Slower.
+    quantization:
+        ``None``/``"none"``, ``"int4"`` or ``"int8"``: weight-only quantized CPU linear layers (see
+        :mod:`phloem.runtime.layers.quant`); ``int4`` takes a Q4_1 GGUF's blocks as they are.
+    cpu_threads:
+        torch intra-op threads on CPU (default: every core, ``os.cpu_count()``).
     """
 
     def __init__(
@@ -102,33 +116,48 @@ class ModelRunner:
         context_len: int | None = None,
         seed: int = 0,
         sampler: SamplerFn | None = None,
+        deterministic: bool = False,
+        quantization: str | None = None,
+        cpu_threads: int | None = None,
     ) -> None:
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
+        self.deterministic = deterministic
+        self.quantization = _resolve_quantization(quantization, self.device)
+        if self.device.type == "cpu":
+            torch.set_num_threads(cpu_threads or os.cpu_count() or 1)
         config, weights = _load_checkpoint(model_source)
         self.context_len = int(context_len or config.context_len)
         self.model_config = config.replace(context_len=max(self.context_len, config.context_len))
-        self.model = self._build_model(weights, seed)
+        self.model = self._build_model(weights, seed, model_source)
         self.max_total_num_tokens = self._pool_tokens(max_total_tokens, mem_fraction_static)
         self.max_running_requests = int(
             max_running_requests or min(256, max(1, self.max_total_num_tokens // 2))
         )
         self.kv_pool = self._make_kv_pool()
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_len, self.device)
-        backend_name = resolve_attention_backend(attention_backend, self.device)
-        backend_cls = get_attention_backend_class(backend_name)
+        if deterministic:
+            from phloem.runtime.attention.batch_invariant import BatchInvariantBackend
+
+            backend_name, backend_cls = "batch_invariant", BatchInvariantBackend
+        else:
+            backend_name = resolve_attention_backend(attention_backend, self.device)
+            backend_cls = get_attention_backend_class(backend_name)
         self.attn_backend = backend_cls(self.kv_pool, self.req_to_token_pool, num_heads=config.num_heads)
         self.attention_backend_name = backend_name
         self._sampler = sampler
         logger.info(
             "model runner ready: dtype=%s device=%s attention=%s max_total_num_tokens=%d "
-            "max_running_requests=%d context_len=%d",
+            "max_running_requests=%d context_len=%d deterministic=%s quantization=%s threads=%d",
             self.dtype, self.device, backend_name, self.max_total_num_tokens,
-            self.max_running_requests, self.context_len,
+            self.max_running_requests, self.context_len, deterministic, self.quantization,
+            torch.get_num_threads(),
         )  # fmt: skip
 
     # ---- construction -------------------------------------------------------------------------
-    def _build_model(self, weights: dict[str, torch.Tensor] | None, seed: int) -> nn.Module:
+    def _build_model(
+        self, weights: dict[str, torch.Tensor] | None, seed: int, source: ModelSource
+    ) -> nn.Module:
         model = _build_model_on(self.model_config, self.device)
         if weights is None:
             from phloem.runtime.executor.dummy import init_dummy_weights
@@ -136,7 +165,18 @@ class ModelRunner:
             init_dummy_weights(model, seed=seed)
         else:
             model.load_weights(weights.items())  # type: ignore[operator]
+        if self.quantization is not None:
+            from phloem.runtime.layers.quant import quantize_model
+
+            blocks = None
+            if self.quantization == "int4" and source.kind == "gguf":
+                from phloem.runtime.executor.weights_gguf import load_gguf_q4_blocks
+
+                blocks = load_gguf_q4_blocks(source.path, self.model_config)
+            quantize_model(model, self.quantization, q4_blocks=blocks)
         _cast_parameters(model, self.dtype)
+        if self.deterministic:
+            _make_batch_invariant(model)
         return model.eval()
 
     def _pool_tokens(self, max_total_tokens: int | None, mem_fraction: float | None) -> int:
@@ -173,8 +213,23 @@ class ModelRunner:
 
     @property
     def weight_bytes(self) -> int:
-        """Bytes of all parameters (a tied embedding counted once)."""
-        return sum(p.numel() * p.element_size() for p in self.model.parameters())
+        """Bytes of all weights, quantized ones included (a tied embedding counted once)."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return params + sum(_quant_bytes(m) for m in self.model.modules())
+
+    @property
+    def decode_weight_bytes(self) -> int:
+        """Weight bytes one decode step reads: all weights except the embedding table (only a
+        few rows are gathered), unless the LM head computes with it (tied and not quantized)."""
+        from phloem.runtime.layers.embedding import LMHead, VocabEmbedding
+
+        total = self.weight_bytes
+        for m in self.model.modules():
+            if isinstance(m, VocabEmbedding):
+                total -= m.weight.numel() * m.weight.element_size()
+            elif isinstance(m, LMHead) and m.tied_to is not None and m.quant is None:
+                total += m.full_weight.numel() * m.full_weight.element_size()
+        return total
 
     @property
     def sampler(self) -> SamplerFn:
@@ -349,6 +404,38 @@ def _resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def _resolve_quantization(quantization: str | None, device: torch.device) -> str | None:
+    if quantization in (None, "none"):
+        return None
+    from phloem.runtime.layers.quant import QUANTIZATION_SCHEMES
+
+    if quantization not in QUANTIZATION_SCHEMES:
+        raise ValueError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATION_SCHEMES}")
+    if device.type != "cpu":
+        raise ValueError(f"quantization {quantization!r} is a CPU path; the device is {device}")
+    return quantization
+
+
+def _make_batch_invariant(model: nn.Module) -> None:
+    """Fixed-size row tiles for every float matmul (quantized layers are invariant already)."""
+    from phloem.runtime.layers.embedding import LMHead
+    from phloem.runtime.layers.linear import BATCH_INVARIANT_ROW_TILE, Linear
+    from phloem.runtime.layers.quant import set_batch_invariant
+
+    for m in model.modules():
+        if isinstance(m, (Linear, LMHead)):
+            m.row_tile = BATCH_INVARIANT_ROW_TILE
+    set_batch_invariant(model)
+
+
+def _quant_bytes(module: nn.Module) -> int:
+    from phloem.runtime.layers.quant import Q4Weight, Q8Weight
+
+    if not isinstance(module, (Q4Weight, Q8Weight)):
+        return 0
+    return sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
 
 
 def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:

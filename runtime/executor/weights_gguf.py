@@ -21,7 +21,7 @@ import torch
 from phloem.runtime.model_files import GGUFFile, GGUFTensorInfo, gguf_cache_dir, read_gguf
 from phloem.runtime.models.config import ModelConfig
 
-__all__ = ["gguf_model_config", "load_gguf_weights", "unpermute_rope_rows"]
+__all__ = ["gguf_model_config", "load_gguf_q4_blocks", "load_gguf_weights", "unpermute_rope_rows"]
 
 _WEIGHTS_FILE, _CONFIG_FILE = "weights.safetensors", "model_config.json"
 
@@ -119,6 +119,37 @@ def _dequantize_all(g: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.
         if cfg.arch == "llama" and proj in heads:
             w = unpermute_rope_rows(w, heads[proj])
         yield name, w.contiguous()
+
+
+def load_gguf_q4_blocks(
+    path: str, cfg: ModelConfig
+) -> dict[str, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """The Q4_1 tensors of a GGUF file as raw blocks, by Hugging Face name (no dequantization).
+
+    A Q4_1 block of 32 weights is ``d: f16, m: f16, qs: 16 bytes`` (low nibbles hold elements
+    0..15, high nibbles 16..31). Returns ``name -> (qs uint8 [N, K/2], d float32 [N, K/32],
+    m float32 [N, K/32])`` with Q/K rows in Hugging Face order, as :func:`load_gguf_weights` gives.
+    """
+    from gguf import GGMLQuantizationType
+
+    g = read_gguf(path)
+    data = np.memmap(g.path, dtype=np.uint8, mode="r")
+    heads = {"self_attn.q_proj": cfg.num_heads, "self_attn.k_proj": cfg.num_kv_heads}
+    out = {}
+    for info in g.tensors:
+        name = hf_name(info.name)
+        if name is None or info.ggml_type != GGMLQuantizationType.Q4_1 or len(info.shape) != 2:
+            continue
+        rows, k = info.shape
+        raw = np.array(data[info.offset : info.offset + rows * (k // 32) * 20]).reshape(rows, k // 32, 20)
+        d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+        m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+        qs = torch.from_numpy(raw[..., 4:].reshape(rows, k // 2).copy())
+        proj = name.rsplit(".", 1)[0].split(".", 3)[-1]
+        if cfg.arch == "llama" and proj in heads:
+            qs, d, m = (unpermute_rope_rows(t, heads[proj]).contiguous() for t in (qs, d, m))
+        out[name] = (qs, d, m)
+    return out
 
 
 def _dequantize(data: np.ndarray, info: GGUFTensorInfo) -> np.ndarray:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
+from phloem.runtime.layers.linear import linear_rows
 from torch import nn
+
+if TYPE_CHECKING:
+    from phloem.runtime.layers.quant import Q8Weight
 
 __all__ = ["LMHead", "VocabEmbedding"]
 
@@ -21,13 +27,34 @@ class VocabEmbedding(nn.Module):
 
 
 class LMHead(nn.Module):
-    """Hidden states ``[N, H]`` -> float32 logits ``[N, V]``; ``tied_to`` reuses an embedding."""
+    """Hidden states ``[N, H]`` -> float32 logits ``[N, V]``; ``tied_to`` reuses an embedding.
+
+    ``row_tile`` and :meth:`set_quantized` as on :class:`~phloem.runtime.layers.linear.Linear`;
+    a quantized head keeps its own copy, so a tied embedding stays float for the lookup.
+    """
 
     def __init__(self, vocab_size: int, hidden_size: int, *, tied_to: VocabEmbedding | None = None) -> None:
         super().__init__()
         self.tied_to = tied_to
         self.weight = None if tied_to is not None else nn.Parameter(torch.empty(vocab_size, hidden_size))
+        self.row_tile = 0
+        self.quant: Q8Weight | None = None
+
+    @property
+    def full_weight(self) -> torch.Tensor:
+        """The float ``[V, H]`` weight (the embedding's when tied)."""
+        weight = self.tied_to.weight if self.tied_to is not None else self.weight
+        assert weight is not None, "the LM head weight was quantized"
+        return weight
+
+    def set_quantized(self, qweight: Q8Weight) -> None:
+        self.quant = qweight
+        if self.tied_to is None:
+            self.register_parameter("weight", None)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.tied_to.weight if self.tied_to is not None else self.weight
-        return F.linear(hidden, weight).float()
+        if self.quant is not None:
+            return self.quant.matmul(hidden)
+        if self.row_tile:
+            return linear_rows(hidden, self.full_weight, tile=self.row_tile).float()
+        return F.linear(hidden, self.full_weight).float()

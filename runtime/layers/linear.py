@@ -6,23 +6,71 @@ Single-rank only for now: the tensor-parallel split would slice ``weight`` along
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["Linear", "MergedLinear"]
+if TYPE_CHECKING:
+    from phloem.runtime.layers.quant import Q4Weight, Q8Weight
+
+__all__ = ["BATCH_INVARIANT_ROW_TILE", "Linear", "MergedLinear", "linear_rows"]
+
+# Rows per matmul call in deterministic mode. Measured on AVX2 with MKL: a row of ``x @ W.T`` is
+# bit-identical whatever the other rows hold as long as every call has the same row count.
+BATCH_INVARIANT_ROW_TILE = 16
+
+
+def linear_rows(x: torch.Tensor, weight: torch.Tensor, *, tile: int) -> torch.Tensor:
+    """``x @ weight.T`` in calls of exactly ``tile`` rows (the last one zero-padded).
+
+    Each output row then depends only on its input row, not on the batch around it::
+
+        for i in range(0, M, tile):
+            y[i : i + tile] = pad(x[i : i + tile], tile) @ weight.T
+    """
+    x2 = x.reshape(-1, x.shape[-1])  # [M, K]
+    m = x2.shape[0]
+    pad = -m % tile
+    if pad:
+        x2 = torch.cat((x2, x2.new_zeros(pad, x2.shape[1])))
+    out = x2.new_empty(m + pad, weight.shape[0])
+    wt = weight.t()
+    for i in range(0, m + pad, tile):
+        torch.mm(x2[i : i + tile], wt, out=out[i : i + tile])
+    return out[:m].reshape(*x.shape[:-1], weight.shape[0])
 
 
 class Linear(nn.Module):
-    """``y = x @ weight.T (+ bias)`` with ``weight`` of shape ``[out, in]`` (HF layout)."""
+    """``y = x @ weight.T (+ bias)`` with ``weight`` of shape ``[out, in]`` (HF layout).
+
+    Two switches, set once at load time by the model runner: ``row_tile`` (deterministic mode,
+    see :func:`linear_rows`) and :meth:`set_quantized` (weight-only quantization, which drops the
+    float weight).
+    """
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.row_tile = 0
+        self.quant: Q4Weight | Q8Weight | None = None
+
+    def set_quantized(self, qweight: Q4Weight | Q8Weight) -> None:
+        """Compute with ``qweight`` from now on; the float weight is released."""
+        self.quant = qweight
+        self.register_parameter("weight", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        if self.quant is not None:
+            y = self.quant.matmul(x.reshape(-1, x.shape[-1])).to(x.dtype)
+            y = y.reshape(*x.shape[:-1], y.shape[-1])
+        elif self.row_tile:
+            y = linear_rows(x, self.weight, tile=self.row_tile)
+        else:
+            return F.linear(x, self.weight, self.bias)
+        return y + self.bias if self.bias is not None else y
 
 
 class MergedLinear(Linear):
@@ -44,7 +92,7 @@ class MergedLinear(Linear):
         """Copy ``tensor`` (``[width, in]`` or ``[width]`` for a bias) into slice ``name``."""
         lo, hi = self.offsets[name]
         target = self.bias if is_bias else self.weight
-        assert target is not None, "this projection has no bias"
+        assert target is not None, "this projection has no bias (or its weight is quantized)"
         if tensor.shape[0] != hi - lo:
             raise ValueError(f"part {name}: expected {hi - lo} rows, got {tuple(tensor.shape)}")
         with torch.no_grad():

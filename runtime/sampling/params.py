@@ -283,14 +283,16 @@ def _grammar_text(field: str, v: Any) -> str:
 
 def _json_text(field: str, v: Any, *, allowed: tuple[type, ...]) -> str:
     """JSON text of ``v``: objects are serialized, strings must parse to one of ``allowed``."""
-    if isinstance(v, dict):
-        return json.dumps(v, ensure_ascii=False)
-    if not isinstance(v, str):
-        raise InvalidRequest(field, f"must be a JSON string or an object, got {_show(v)}")
     try:
+        if isinstance(v, dict):
+            return json.dumps(v, ensure_ascii=False)
+        if not isinstance(v, str):
+            raise InvalidRequest(field, f"must be a JSON string or an object, got {_show(v)}")
         parsed = json.loads(v)
     except json.JSONDecodeError as exc:
         raise InvalidRequest(field, f"invalid JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidRequest(field, "nested too deeply") from None
     if not isinstance(parsed, allowed):
         raise InvalidRequest(field, f"must be a JSON {' or '.join(t.__name__ for t in allowed)}")
     return v

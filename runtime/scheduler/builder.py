@@ -58,6 +58,9 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         max_running_requests=args.max_running_requests,
         context_len=args.context_length,
         seed=args.random_seed,
+        deterministic=args.enable_deterministic_inference,
+        quantization=None if args.quantization == "none" else args.quantization,
+        cpu_threads=args.cpu_threads,
     )
     pool_rows = runner.req_to_token_pool
     allocator = TokenSlotAllocator(runner.kv_pool.num_slots)

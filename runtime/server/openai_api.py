@@ -496,7 +496,7 @@ def _chat_tools(body: ChatCompletionRequest, tm: Any) -> _ChatTools:
         raise ApiError(400, "tools: tools are not supported by this server", param="tools")
     wire_choice = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
     try:
-        tag = parser.constraint(tools, wire_choice)
+        tag = parser.constraint(tools, wire_choice, parallel=body.parallel_tool_calls is not False)
     except ValueError as exc:
         raise ApiError(400, f"tool_choice: {exc}", param="tool_choice") from None
     return _ChatTools(tools, parser, tag)
@@ -616,7 +616,9 @@ def _chat_choice(
     if calls:
         message["tool_calls"] = calls
     logprobs = {"content": chat_logprobs(_meta(out), 0)} if with_logprobs else None
-    reason = "tool_calls" if calls else _openai_finish(out)
+    reason = _openai_finish(out)
+    if calls and reason == "stop":  # a response cut at max_tokens stays "length"
+        reason = "tool_calls"
     return {
         "index": index,
         "message": message,
@@ -705,7 +707,7 @@ def _chat_deltas(index: int, out: Output, pos: _ChatPos, with_logprobs: bool) ->
     if reason is not None:
         pos.finished = True
         called = pos.tools is not None and pos.tools.num_calls > 0
-        final = _chat_delta(index, {}, finish="tool_calls" if called else reason)
+        final = _chat_delta(index, {}, finish="tool_calls" if called and reason == "stop" else reason)
         final["matched_stop"] = _matched_stop(out)
         choices.append(final)
     return choices

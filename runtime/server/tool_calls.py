@@ -52,12 +52,15 @@ class ToolCallParser:
         parser = self._formats.get_tool_call_format(self.format).streaming_parser()
         return StreamingToolCalls(parser)
 
-    def constraint(self, tools: Sequence[Mapping[str, Any]], tool_choice: Any) -> str | None:
+    def constraint(
+        self, tools: Sequence[Mapping[str, Any]], tool_choice: Any, *, parallel: bool = True
+    ) -> str | None:
         """Structural-tag JSON forcing a call for ``"required"`` / a named function, else None.
 
-        Raises ValueError when ``tool_choice`` cannot be satisfied by ``tools``.
+        With ``parallel`` false (OpenAI's ``parallel_tool_calls``), ``"required"`` forces exactly
+        one call. Raises ValueError when ``tool_choice`` cannot be satisfied by ``tools``.
         """
-        spec = self._formats.structural_tag_for(tools, tool_choice, format=self.format)
+        spec = self._formats.structural_tag_for(tools, tool_choice, format=self.format, parallel=parallel)
         return None if spec is None else spec.text
 
 

@@ -61,9 +61,8 @@ def client(server):
 
 
 def _create(client, **kwargs):
-    return client.chat.completions.create(
-        model="default", messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, **kwargs
-    )
+    kwargs = {"model": "default", "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0, **kwargs}
+    return client.chat.completions.create(**kwargs)
 
 
 def _calls(message) -> list[tuple[str, str]]:
@@ -99,22 +98,40 @@ def _assert_valid(calls: list[tuple[str, str]]) -> None:
         jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
-@pytest.mark.parametrize("tool_choice", ["required", "named"])
-def test_forced_tool_call_validates_and_streams_the_same(client, tool_choice):
-    choice = NAMED if tool_choice == "named" else "required"
-    resp = _create(client, tools=TOOLS, tool_choice=choice)
+# tool_choice -> extra request fields; each forces exactly one call, so the response ends by itself.
+FORCED = {
+    "named": {"tool_choice": NAMED},
+    "required_one": {"tool_choice": "required", "parallel_tool_calls": False},
+}
+
+
+@pytest.mark.parametrize("forced", sorted(FORCED))
+def test_forced_tool_call_validates_and_streams_the_same(client, forced):
+    resp = _create(client, tools=TOOLS, **FORCED[forced])
     message = resp.choices[0].message
     calls = _calls(message)
     _assert_valid(calls)
-    if tool_choice == "named":
-        assert [name for name, _ in calls] == ["get_weather"] * len(calls)
+    assert len(calls) == 1
+    if forced == "named":
+        assert calls[0][0] == "get_weather"
     assert resp.choices[0].finish_reason == "tool_calls"
     assert all(c.id and c.type == "function" for c in message.tool_calls)
+    assert not message.content
 
-    streamed, finish, content = _streamed_calls(_create(client, tools=TOOLS, tool_choice=choice, stream=True))
+    streamed, finish, content = _streamed_calls(_create(client, tools=TOOLS, stream=True, **FORCED[forced]))
     assert finish == "tool_calls"
     assert [(n, json.loads(a)) for n, a in streamed] == [(n, json.loads(a)) for n, a in calls]
     assert content == (message.content or "")
+
+
+def test_required_with_parallel_calls_validates_and_reports_truncation(client):
+    """Parallel calls may go on until ``max_tokens``: the complete calls validate, and a response cut
+    short says ``length``, not ``tool_calls``."""
+    resp = _create(client, tools=TOOLS, tool_choice="required", max_tokens=96)
+    choice = resp.choices[0]
+    _assert_valid(_calls(choice.message))
+    truncated = resp.usage.completion_tokens == 96
+    assert choice.finish_reason == ("length" if truncated else "tool_calls")
 
 
 def test_tool_choice_none_gives_no_tool_calls(client):
@@ -144,7 +161,7 @@ def test_response_format_json_schema_strict(client):
 def test_response_format_json_object(client):
     resp = client.chat.completions.create(
         model="default",
-        messages=[{"role": "user", "content": "Describe John, who is 30 years old, as a JSON object."}],
+        messages=[{"role": "user", "content": "Reply with a JSON object with two keys, name and age, for John who is 30."}],
         max_tokens=MAX_TOKENS,
         temperature=0,
         response_format={"type": "json_object"},

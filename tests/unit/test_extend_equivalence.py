@@ -39,7 +39,7 @@ def runner_for(name: str) -> ModelRunner:
     if name not in _RUNNERS:
         source = resolve_model(None) if name == "gguf" else ModelSource("dummy", name)
         _RUNNERS[name] = ModelRunner(source, dtype="float32", device="cpu", max_total_tokens=4096,
-                                     max_running_requests=16, sampler=_sampler())  # fmt: skip
+                                     max_running_requests=16, sampler=_sampler(), cpu_threads=1)  # fmt: skip
     return _RUNNERS[name]
 
 
@@ -177,7 +177,7 @@ def test_tiny_hf_checkpoint_matches_transformers(tmp_path, name: str) -> None:
                 layer.self_attn.k_proj.bias.normal_()
     hf.save_pretrained(tmp_path)
     runner = ModelRunner(resolve_model(str(tmp_path)), dtype="float32", device="cpu", max_total_tokens=512,
-                         max_running_requests=2, sampler=_sampler())  # fmt: skip
+                         max_running_requests=2, sampler=_sampler(), cpu_threads=1)  # fmt: skip
     assert runner.model_config.arch == name.split("-")[0] and runner.model_config.rope_theta == 5000.0
     assert (runner.model_config.rope_scaling is not None) == (name == "llama-scaled")
     ids = prompt(40, 8, 300)
