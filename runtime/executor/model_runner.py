@@ -119,6 +119,7 @@ class ModelRunner:
         deterministic: bool = False,
         quantization: str | None = None,
         cpu_threads: int | None = None,
+        cuda_graph_max_bs: int = 256,  # 0 disables decode CUDA graphs
     ) -> None:
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
@@ -146,6 +147,18 @@ class ModelRunner:
         self.attn_backend = backend_cls(self.kv_pool, self.req_to_token_pool, num_heads=config.num_heads)
         self.attention_backend_name = backend_name
         self._sampler = sampler
+        self.cuda_graphs = None
+        if (
+            self.device.type == "cuda"
+            and cuda_graph_max_bs > 0
+            and getattr(self.attn_backend, "supports_cuda_graph", False)
+        ):
+            from phloem.runtime.executor.cuda_graph import CudaGraphRunner
+
+            self.cuda_graphs = CudaGraphRunner(
+                self.model, self.attn_backend, max_bs=min(cuda_graph_max_bs, self.max_running_requests)
+            )
+            self.cuda_graphs.capture()
         logger.info(
             "model runner ready: dtype=%s device=%s attention=%s max_total_num_tokens=%d "
             "max_running_requests=%d context_len=%d deterministic=%s quantization=%s threads=%d",
@@ -277,6 +290,8 @@ class ModelRunner:
         return self._logits(dev, plan)[plan.last.to(self.device)]
 
     def _logits(self, fi: ForwardInput, plan: _LogitRows) -> torch.Tensor:
+        if self.cuda_graphs is not None and not plan.starts and self.cuda_graphs.can_run(fi):
+            return self.cuda_graphs.replay(fi)  # [B, V], valid until the next replay
         self.attn_backend.init_metadata(fi)
         hidden = self.model(fi.input_ids, fi.positions, self.attn_backend)  # [T, H]
         if fi.mode == ForwardMode.DECODE and not plan.starts:

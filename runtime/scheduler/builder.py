@@ -61,6 +61,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         deterministic=args.enable_deterministic_inference,
         quantization=None if args.quantization == "none" else args.quantization,
         cpu_threads=args.cpu_threads,
+        cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
     )
     pool_rows = runner.req_to_token_pool
     allocator = TokenSlotAllocator(runner.kv_pool.num_slots)
