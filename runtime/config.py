@@ -23,6 +23,7 @@ class EngineArgs:
     model_path: str | None = _opt(None, "GGUF file, Hugging Face directory, or empty for the default model")
     load_format: str = _opt("auto", "how to load weights", ("auto", "gguf", "safetensors", "dummy"))
     dummy_shape: str = _opt("smollm2-135m", "named shape for --load-format dummy")
+    tokenizer_path: str | None = _opt(None, "tokenizer (GGUF or folder with tokenizer.json) instead of the model's")
     dtype: str = _opt("auto", "compute dtype", ("auto", "float32", "bfloat16", "float16"))
     device: str = _opt("auto", "cpu, cuda or auto", ("auto", "cpu", "cuda"))
     context_length: int | None = _opt(None, "override the model's context length")

@@ -59,7 +59,7 @@ def start_processes(args: EngineArgs, model_source: Any) -> EngineProcesses:
     )
     detok = ctx.Process(
         target=run_detokenizer_process,
-        args=(model_source, ipc, me, args.log_level),
+        args=(model_source, ipc, me, args.log_level, args.tokenizer_path),
         name="phloem-detokenizer",
         daemon=True,
     )
@@ -75,7 +75,7 @@ async def launch_engine(args: EngineArgs) -> tuple[TokenizerManager, EngineProce
 
     check_supported(args)
     source = resolve_model(args.model_path, args.load_format, dummy_shape=args.dummy_shape)
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, args.tokenizer_path)
     procs = start_processes(args, source)
     model_info = {
         "model_path": str(source.path) if source.path else args.dummy_shape,

@@ -47,7 +47,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
 
     torch.manual_seed(args.random_seed)
     source = resolve_model(args.model_path, args.load_format, dummy_shape=args.dummy_shape)
-    tokenizer = load_tokenizer(source)
+    tokenizer = load_tokenizer(source, args.tokenizer_path)
     runner = ModelRunner(
         source,
         dtype=args.dtype,

@@ -62,7 +62,9 @@ class Detokenizer:
         return ReqStrOut(out=out, text=text)
 
 
-def run_detokenizer_process(model_source, ipc: IpcPaths, parent_pid: int, log_level: str = "info") -> None:
+def run_detokenizer_process(
+    model_source, ipc: IpcPaths, parent_pid: int, log_level: str = "info", tokenizer_path: str | None = None
+) -> None:
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s detokenizer] %(message)s")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent shuts us down in order
     ctx = zmq.Context()
@@ -71,7 +73,7 @@ def run_detokenizer_process(model_source, ipc: IpcPaths, parent_pid: int, log_le
     try:
         from phloem.runtime.tokenizer.tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(model_source)
+        tokenizer = load_tokenizer(model_source, tokenizer_path)
         inp = pull_socket(ctx, ipc.detokenizer)
     except Exception as e:  # report and exit: the launcher fails loudly
         out.send(to_tm.encode(Ready(who="detokenizer", error=f"{type(e).__name__}: {e}")))

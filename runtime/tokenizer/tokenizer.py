@@ -275,9 +275,14 @@ class Tokenizer:
         )
 
 
-def load_tokenizer(source: ModelSource) -> Tokenizer:
+def load_tokenizer(source: ModelSource, tokenizer_path: str | None = None) -> Tokenizer:
     """Tokenizer for a resolved model; a dummy shape with the default model's vocabulary size
-    borrows the default model's tokenizer."""
+    borrows the default model's tokenizer. ``tokenizer_path`` (a GGUF file or a folder with
+    ``tokenizer.json``) overrides both."""
+    if tokenizer_path:
+        if tokenizer_path.endswith(".gguf"):
+            return Tokenizer.from_gguf(tokenizer_path)
+        return Tokenizer.from_hf_dir(tokenizer_path)
     if source.kind == "gguf":
         return Tokenizer.from_gguf(source.path)
     if source.kind == "safetensors":
