@@ -120,7 +120,7 @@ class LLGuidanceBackend(GrammarBackend):
     def _grammar(self, spec: GrammarSpec) -> str:
         """The llguidance grammar text of a spec."""
         if spec.kind is GrammarKind.JSON_SCHEMA:
-            return llguidance.LLMatcher.grammar_from_json_schema(spec.text, overrides=self._json_overrides)
+            return llguidance.LLMatcher.grammar_from_json_schema(spec.text, overrides=self._json_overrides)  # type: ignore[arg-type]
         if spec.kind is GrammarKind.REGEX:
             return llguidance.LLMatcher.grammar_from_regex(spec.text)
         if spec.kind is GrammarKind.EBNF:
@@ -129,7 +129,7 @@ class LLGuidanceBackend(GrammarBackend):
             lark = structural_tag_to_lark(normalize_structural_tag(spec.text))
             return llguidance.LLMatcher.grammar_from_lark(lark)
         return llguidance.LLMatcher.grammar_from_json_schema(
-            '{"type": "object"}', overrides=self._json_overrides
+            '{"type": "object"}', overrides=self._json_overrides  # type: ignore[arg-type]
         )
 
     def _new_matcher(self, handle: llguidance.LLMatcher) -> LLGuidanceMatcher:

@@ -74,7 +74,7 @@ def _node(fmt: Any) -> str:
     if not isinstance(fmt, dict):
         raise GrammarError("structural tag format nodes must be JSON objects")
     kind = fmt.get("type")
-    writer = _WRITERS.get(kind)
+    writer = _WRITERS.get(str(kind))
     if writer is None:
         raise GrammarError(f"structural tag node type {kind!r} is not supported by this backend")
     return writer(fmt)

@@ -3,7 +3,10 @@
 ; needs a tokenizer folder at .gputok/, exported from the default model here)."""
 
 if __name__ == '__main__':
-    import time, json, os
+    import json
+    import os
+    import time
+
     from phloem import Engine
     t = time.time()
     e = Engine(load_format="dummy", device="cuda", tokenizer_path=".gputok", log_level="info")
@@ -13,7 +16,9 @@ if __name__ == '__main__':
     res = {}
     for bs in (1, 64, 256):
         ids = [[10 + i, 20, 30, 40, 50, 60, 70, 80] for i in range(bs)]
-        t = time.time(); outs = e.generate(input_ids=ids, sampling_params=p); dt = time.time() - t
+        t = time.time()
+        outs = e.generate(input_ids=ids, sampling_params=p)
+        dt = time.time() - t
         toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
         res[bs] = toks / dt
         print(f"engine decode bs={bs}: {toks/dt:.0f} tok/s (incl. prefill, scheduler, detokenizer)")

@@ -295,8 +295,12 @@ class ModelRunner:
         self.attn_backend.init_metadata(fi)
         hidden = self.model(fi.input_ids, fi.positions, self.attn_backend)  # [T, H]
         if fi.mode == ForwardMode.DECODE and not plan.starts:
-            return self.model.compute_logits(hidden)  # one row per request already
-        return self.model.compute_logits(hidden[plan.rows.to(hidden.device)])
+            return self._model_any.compute_logits(hidden)  # one row per request already
+        return self._model_any.compute_logits(hidden[plan.rows.to(hidden.device)])
+
+    @property
+    def _model_any(self) -> Any:
+        return self.model
 
     def _logit_rows(self, fi: ForwardInput) -> _LogitRows:
         """Plan logit rows on the host (see :class:`_LogitRows`)."""
@@ -523,7 +527,11 @@ class DirectBatcher:
         logprobs: LogprobRequest | None = None,
     ) -> ForwardInput:
         """Append ``new_tokens`` per sequence (slots allocated now) and describe the pass."""
-        ids, positions, slots, prefix, extend = [], [], [], [], []
+        ids: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        prefix: list[int] = []
+        extend: list[int] = []
         table = self.runner.req_to_token_pool.req_to_token
         for seq, new in new_tokens.items():
             start = len(self.tokens[seq])
@@ -564,7 +572,7 @@ class DirectBatcher:
         return self.runner.forward_logits(self.build(new_tokens, decode=decode))
 
     def generate_greedy(
-        self, prompt: list[int], max_new_tokens: int, *, stop_ids: set[int] = frozenset()
+        self, prompt: list[int], max_new_tokens: int, *, stop_ids: frozenset[int] | set[int] = frozenset()
     ) -> list[int]:
         """Greedy continuation of ``prompt`` via one prefill and single-token decode steps."""
         seq = self.new_sequence()

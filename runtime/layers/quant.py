@@ -113,6 +113,10 @@ class Q4Weight(_QuantWeight):
     its high nibble (the GGUF order).
     """
 
+    qs: torch.Tensor
+    d: torch.Tensor
+    m: torch.Tensor
+
     def __init__(self, qs: torch.Tensor, d: torch.Tensor, m: torch.Tensor) -> None:
         super().__init__()
         self.register_buffer("qs", qs.contiguous())
@@ -149,6 +153,9 @@ class Q4Weight(_QuantWeight):
 
 class Q8Weight(_QuantWeight):
     """8-bit weight ``[N, K]``, Q8_0 blocks: ``qs`` int8 ``[N, K]``, ``d`` float32 ``[N, K/32]``."""
+
+    qs: torch.Tensor
+    d: torch.Tensor
 
     def __init__(self, qs: torch.Tensor, d: torch.Tensor) -> None:
         super().__init__()

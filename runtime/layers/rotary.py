@@ -39,6 +39,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = 
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q ``[T, Hq, D]`` and k ``[T, Hk, D]`` at absolute ``positions`` ``[T]``."""
 
+    cos: torch.Tensor
+    sin: torch.Tensor
+
     def __init__(
         self, head_dim: int, max_positions: int, theta: float, scaling: dict[str, Any] | None = None
     ) -> None:
@@ -53,7 +56,7 @@ class RotaryEmbedding(nn.Module):
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
     @staticmethod
-    def apply(
+    def apply(  # type: ignore[override]  # rotation, not nn.Module.apply
         q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate ``q`` and ``k`` with tables from :meth:`cos_sin`."""

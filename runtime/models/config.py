@@ -67,6 +67,8 @@ class ModelConfig:
         hidden, heads = int(get("embedding_length")), int(get("attention.head_count"))
         names = md.get("phloem.tensor_names", set())
         vocab = get("vocab_size") or len(md.get("tokenizer.ggml.tokens", ())) or None
+        if vocab is None:
+            raise ValueError("the GGUF file states no vocabulary size and has no token list")
         return cls(
             arch=arch,
             vocab_size=int(vocab),

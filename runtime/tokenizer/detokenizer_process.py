@@ -12,7 +12,6 @@ import os
 import signal
 
 import zmq
-
 from phloem.runtime.ipc import IpcPaths, parent_alive, pull_socket, push_socket
 from phloem.runtime.messages import (
     BatchStrOut,

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 import pytest
-
 from phloem.runtime.config import EngineArgs, config_markdown
 
 

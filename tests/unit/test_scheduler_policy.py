@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker
 from phloem.runtime.scheduler.policy import (
