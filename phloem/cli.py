@@ -34,6 +34,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
+
+    t = sub.add_parser("train-eagle", help="train an EAGLE draft head for a target model", add_help=False)
+    t.add_argument("rest", nargs=argparse.REMAINDER)
     return parser
 
 
@@ -79,9 +82,15 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     return int(bench_main(ns.rest) or 0)
 
 
+def cmd_train_eagle(ns: argparse.Namespace) -> int:
+    from phloem.runtime.speculative.train import train_eagle_main
+
+    return int(train_eagle_main(ns.rest) or 0)
+
+
 def main(argv: list[str] | None = None) -> int:
     ns = build_parser().parse_args(argv)
-    handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench}
+    handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench, "train-eagle": cmd_train_eagle}
     try:
         return handlers[ns.command](ns)
     except (FileNotFoundError, ValueError) as e:  # bad model path or option: one clear line

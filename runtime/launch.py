@@ -106,8 +106,6 @@ async def launch_engine(args: EngineArgs) -> tuple[TokenizerManager, EngineProce
 
 def check_supported(args: EngineArgs) -> None:
     """Options this build accepts on the command line but cannot honour fail here, loudly."""
-    if args.speculative_algorithm is not None:
-        raise ValueError("--speculative-algorithm: speculative decoding is not available in this build")
     if args.kv_cache_dtype != "auto":
         raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype}: only 'auto' is available in this build")
 

@@ -56,6 +56,8 @@ class AttentionBackend(ABC):
             return self.forward_decode(q, k, v, layer)
         if self.mode == ForwardMode.EXTEND:
             return self.forward_extend(q, k, v, layer)
+        if self.mode == ForwardMode.TARGET_VERIFY:
+            return self.forward_verify(q, k, v, layer)
         raise RuntimeError(f"attention called in mode {self.mode!r}; call init_metadata first")
 
     @abstractmethod
@@ -75,5 +77,10 @@ class AttentionBackend(ABC):
         """
 
     def forward_verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        """Draft-tree verification with a tree mask (speculative decoding)."""
+        """Draft-tree verification with a tree mask (speculative decoding).
+
+        Request ``r`` has ``extend_lens[r]`` tree nodes (``tree_parents[r]``); node ``i`` sees
+        ``req_to_token[r, 0 : prefix_lens[r]]``, then the ``out_slots`` of its ancestors and itself.
+        Writes the new ``k``/``v`` at ``out_slots`` first.
+        """
         raise NotImplementedError(f"{type(self).__name__} does not support tree verification yet")

@@ -31,6 +31,8 @@ class TorchRefBackend(AttentionBackend):
         rows = self.req_to_token_pool.req_to_token[fi.req_pool_indices]  # [B, max_context]
         if fi.mode == ForwardMode.DECODE:
             self._init_decode(rows, fi.seq_lens)
+        elif fi.mode == ForwardMode.TARGET_VERIFY:
+            self._init_verify(rows, fi)
         else:
             self._init_extend(rows, fi)
 
@@ -52,6 +54,23 @@ class TorchRefBackend(AttentionBackend):
             mask = torch.arange(p + e, device=rows.device)[None, :] <= q_pos[:, None]  # [e, p + e]
             self.extend_plan.append((start, e, rows[r, : p + e], mask[None, None]))  # [1, 1, e, S]
             start += e
+
+    def _init_verify(self, rows: torch.Tensor, fi: ForwardInput) -> None:
+        from phloem.runtime.speculative.tree import ancestor_mask
+
+        assert fi.tree_parents is not None, "TARGET_VERIFY needs tree_parents"
+        prefix, extend = fi.prefix_lens.tolist(), fi.extend_lens.tolist()
+        self.extend_plan = []
+        start = 0
+        for r, (p, e) in enumerate(zip(prefix, extend)):
+            keys = torch.cat([rows[r, :p], fi.out_slots[start : start + e]])  # [p + e]
+            seen = torch.ones(e, p, dtype=torch.bool, device=rows.device)
+            mask = torch.cat([seen, ancestor_mask(fi.tree_parents[r], rows.device)], dim=1)  # [e, p + e]
+            self.extend_plan.append((start, e, keys, mask[None, None]))
+            start += e
+
+    def forward_verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        return self.forward_extend(q, k, v, layer)  # same per-request loop, tree masks planned
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.out_slots, k, v)

@@ -27,6 +27,7 @@ class ForwardMode(enum.IntEnum):
     EXTEND = 1  # prefill / chunked prefill / mixed (decode rows have extend_len 1)
     DECODE = 2  # one new token per request
     IDLE = 3  # nothing to run (kept for symmetry with multi-rank setups)
+    TARGET_VERIFY = 4  # draft trees: extend_lens[r] nodes, each attending its prefix + ancestors
 
 
 @dataclass
@@ -87,6 +88,10 @@ class ForwardInput:
     extend_lens: torch.Tensor  # [B] int64
     sampling: SamplingInfo
     logprobs: LogprobRequest | None = None
+    # TARGET_VERIFY: per request, the parent of each node (-1 for the root; parents precede children)
+    tree_parents: list[list[int]] | None = None
+    # Return the final hidden states of every new token (EAGLE drafting after plain passes).
+    return_hidden_states: bool = False
     # Rows whose sampled token is thrown away (a chunked prefill that is not finished yet).
     # They are still sampled so shapes stay static; the scheduler ignores their token.
 
@@ -125,6 +130,8 @@ class ForwardInput:
             extend_lens=mv(self.extend_lens),
             sampling=sampling,
             logprobs=lp,
+            tree_parents=self.tree_parents,
+            return_hidden_states=self.return_hidden_states,
         )
 
 

@@ -268,7 +268,7 @@ class ModelRunner:
         host = fi
         dev = fi if self.device.type == "cpu" else fi.to(self.device)
         plan = self._logit_rows(host)
-        logits = self._logits(dev, plan)  # [N, V] float32
+        logits, hidden = self._logits(dev, plan)  # [N, V] float32, [T, H] or None
         last = (
             logits
             if plan.rows.numel() == host.batch_size and not plan.starts
@@ -279,7 +279,8 @@ class ModelRunner:
         out_lp = self._logprobs(host, plan, logits, next_ids) if host.logprobs is not None else None
         cpu_ids, event = self._copy_to_host(next_ids)
         return ForwardOutput(
-            next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs=out_lp
+            next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs=out_lp,
+            hidden_states=hidden if host.return_hidden_states else None,
         )
 
     @torch.inference_mode()
@@ -287,16 +288,19 @@ class ModelRunner:
         """Float32 logits ``[B, V]`` of each request's last new token (no sampling); for tests."""
         plan = self._logit_rows(fi)
         dev = fi if self.device.type == "cpu" else fi.to(self.device)
-        return self._logits(dev, plan)[plan.last.to(self.device)]
+        return self._logits(dev, plan)[0][plan.last.to(self.device)]
 
-    def _logits(self, fi: ForwardInput, plan: _LogitRows) -> torch.Tensor:
-        if self.cuda_graphs is not None and not plan.starts and self.cuda_graphs.can_run(fi):
-            return self.cuda_graphs.replay(fi)  # [B, V], valid until the next replay
+    def _logits(self, fi: ForwardInput, plan: _LogitRows) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of the planned rows, and the final hidden states of every new token (``None``
+        from a CUDA graph replay, which callers asking for hidden states never take)."""
+        graph_ok = not plan.starts and not fi.return_hidden_states
+        if self.cuda_graphs is not None and graph_ok and self.cuda_graphs.can_run(fi):
+            return self.cuda_graphs.replay(fi), None  # [B, V], valid until the next replay
         self.attn_backend.init_metadata(fi)
         hidden = self.model(fi.input_ids, fi.positions, self.attn_backend)  # [T, H]
         if fi.mode == ForwardMode.DECODE and not plan.starts:
-            return self._model_any.compute_logits(hidden)  # one row per request already
-        return self._model_any.compute_logits(hidden[plan.rows.to(hidden.device)])
+            return self._model_any.compute_logits(hidden), hidden  # one row per request already
+        return self._model_any.compute_logits(hidden[plan.rows.to(hidden.device)]), hidden
 
     @property
     def _model_any(self) -> Any:

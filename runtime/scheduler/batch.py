@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
@@ -29,6 +30,9 @@ class ScheduledBatch:
     input_logprob_from: list[int] = field(default_factory=list)
     future_ids: torch.Tensor | None = None
     grammar_rows: list[int] = field(default_factory=list)
+    # Speculative decode step: one SpecRow per request (already drafted), slots of all tree nodes.
+    spec_rows: list[Any] | None = None
+    spec_slots: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:

@@ -81,11 +81,25 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         enable_mixed_chunk=args.enable_mixed_chunk,
         enable_priority_scheduling=args.enable_priority_scheduling,
         priority_preemption_threshold=args.priority_preemption_threshold,
-        overlap=not args.disable_overlap_schedule,
+        # the draft of step N+1 needs step N's tokens: speculation runs the non-overlap loop
+        overlap=not args.disable_overlap_schedule and args.speculative_algorithm is None,
         stream_interval=args.stream_interval,
         log_interval=args.log_interval,
         enable_jump_forward=args.enable_jump_forward,
     )
+    spec = None
+    if args.speculative_algorithm is not None:
+        from phloem.runtime.speculative.step import build_speculative_step
+
+        spec = build_speculative_step(
+            runner,
+            args.speculative_algorithm,
+            draft_model_path=args.speculative_draft_model_path,
+            num_steps=args.speculative_num_steps,
+            topk=args.speculative_eagle_topk,
+            num_draft_tokens=args.speculative_num_draft_tokens,
+            seed=args.random_seed,
+        )
     future_map = FutureMap(4 * max_running + 8, device=runner.device)
     worker = OverlapWorker(runner, future_map) if cfg.overlap else InlineWorker(runner, future_map)
     eos = set(tokenizer.eos_token_ids)
@@ -99,6 +113,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         sampling=sampling,
         outputs=OutputCollector(send, stream_interval=args.stream_interval),
         grammar=grammar,
+        spec=spec,
     )
     info = {
         "max_total_num_tokens": runner.max_total_num_tokens,

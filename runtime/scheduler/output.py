@@ -76,6 +76,13 @@ class OutputCollector:
             cached_tokens_details=req.cached_tokens_details,
             num_retractions=req.num_retractions,
         )
+        if req.spec_verify_ct:
+            accepted_drafts = req.spec_accepted_tokens - req.spec_verify_ct  # minus bonus tokens
+            out.spec = {
+                "spec_verify_ct": req.spec_verify_ct,
+                "spec_accept_length": req.spec_accepted_tokens / req.spec_verify_ct,
+                "spec_accept_rate": accepted_drafts / req.spec_draft_budget if req.spec_draft_budget else 0.0,
+            }
         if not req.init_sent:
             p = req.params
             out.init = ReqOutInit(

@@ -65,6 +65,10 @@ class Req:
     in_top_logprobs: list[list[list[Any]]] = field(default_factory=list)
     in_token_ids_logprobs: list[list[list[Any]]] = field(default_factory=list)
     input_logprobs_done: bool = False
+    # Speculative decoding: meta_info spec_verify_ct, spec_accept_length = accepted / verify_ct
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
+    spec_draft_budget: int = 0  # draft nodes the verified trees could hold (root excluded)
 
     def __post_init__(self) -> None:
         if not self.origin_input_ids:

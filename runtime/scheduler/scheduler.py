@@ -66,6 +66,7 @@ class Scheduler:
         sampling: Any,  # SamplingBatchBuilder
         outputs: OutputCollector,
         grammar: Any = None,  # GrammarQueue or None
+        spec: Any = None,  # speculative.step.SpeculativeStep or None (needs overlap off)
     ) -> None:
         self.cfg = config
         self.cache = cache
@@ -74,6 +75,9 @@ class Scheduler:
         self.sampling = sampling
         self.outputs = outputs
         self.grammar = grammar
+        self.spec = spec
+        if spec is not None and config.overlap:
+            raise ValueError("speculative decoding runs the non-overlap loop (drafts need the last token)")
         self.waiting: list[Req] = []
         self.running: list[Req] = []
         self.chunked: Req | None = None
@@ -348,12 +352,52 @@ class Scheduler:
         return reqs
 
     def _schedule_decode(self) -> ScheduledBatch | None:
+        if self.spec is not None and self._all_spec_eligible():
+            return self._schedule_spec_decode()
         reqs = self._decode_rows()
         if not reqs:
             return None
         batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs)
         batch.prefix_lens = [r.kv_len for r in reqs]
         batch.extend_lens = [1] * len(reqs)
+        batch.discard = [False] * len(reqs)
+        batch.chunk = [False] * len(reqs)
+        batch.prefill_row = [False] * len(reqs)
+        self.ratio.step()
+        self._decode_steps += 1
+        return batch
+
+    def _all_spec_eligible(self) -> bool:
+        return all(
+            self.spec.eligible(r.params, has_grammar=r.grammar is not None, wants_logprobs=r.return_logprob,
+                               num_outputs=len(r.output_ids))
+            for r in self.running if not r.finished
+        )  # fmt: skip
+
+    def _schedule_spec_decode(self) -> ScheduledBatch | None:
+        """Drafts first, then one allocation for every tree node of the step; rejected nodes'
+        slots come back right after the verify pass (``_process_spec``)."""
+        from phloem.runtime.speculative.step import SpecRow
+
+        def live() -> list[Req]:
+            return [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+
+        reqs = live()
+        if reqs and self.cache.available_size < self.spec.max_tree * len(reqs):
+            self._retract_until(self.spec.max_tree * len(reqs), per_request=self.spec.max_tree)
+            reqs = live()
+        if not reqs:
+            return None
+        rows = [
+            SpecRow(r.req_pool_idx, r.kv_len, r.fill_ids, self.spec.sampling_of(r.params), r.remaining_new_tokens)
+            for r in reqs
+        ]
+        slots = self.cache.alloc(self.spec.plan(rows))
+        if slots is None:
+            raise RuntimeError("KV pool accounting error: no slots for a speculative step after retraction")
+        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, spec_rows=rows, spec_slots=slots)
+        batch.prefix_lens = [r.kv_len for r in reqs]
+        batch.extend_lens = [0] * len(reqs)  # kv_len advances by each accept length, once known
         batch.discard = [False] * len(reqs)
         batch.chunk = [False] * len(reqs)
         batch.prefill_row = [False] * len(reqs)
@@ -372,7 +416,9 @@ class Scheduler:
             return fut, fut
         return self.grammar.fill_mask(batch.reqs), None
 
-    def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[ForwardOutput]:
+    def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[Any]:
+        if batch.spec_rows is not None:
+            return self._launch_spec(batch)
         keep = [not d for d in batch.discard]
         future_ids = self.worker.future_map.reserve(len(batch.reqs))
         ids = gather_new_tokens(batch, lambda r: -r.future_ref)
@@ -380,6 +426,8 @@ class Scheduler:
         fi = build_forward_input(
             batch, req_to_token=self.req_pool.req_to_token, input_ids=ids, sampling=sampling
         )
+        # EAGLE follows every computed token: plain passes return the target's hidden states
+        fi.return_hidden_states = self.spec is not None and self.spec.needs_hidden
         batch.future_ids = future_ids
         for i, req in enumerate(batch.reqs):
             req.kv_len += batch.extend_lens[i]
@@ -395,9 +443,23 @@ class Scheduler:
                 self.running.append(req)
         return self.worker.submit(fi, future_ids)
 
+    def _launch_spec(self, batch: ScheduledBatch) -> Future[Any]:
+        """Draft trees were grown in ``schedule``; the verify pass runs here, in line."""
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(self.spec.verify(batch.spec_rows, batch.spec_slots))
+        except BaseException as e:  # surfaced to the loop like a failed forward
+            fut.set_exception(e)
+        for req in batch.reqs:
+            req.pending_outputs += 1
+        return fut
+
     # ================================================================== process
     def _process_oldest(self) -> None:
         batch, fut = self.inflight.popleft()
+        if batch.spec_rows is not None:
+            self._process_spec(batch, fut.result())
+            return
         out = fut.result()
         tokens = out.synchronize()
         # Requests that finished while this step was queued are released now that it is done.
@@ -406,6 +468,8 @@ class Scheduler:
             if batch.prefill_row[i]:
                 self._prefilling.pop(id(req), None)
             lp = out.logprobs[i] if out.logprobs is not None else None
+            if self.spec is not None:
+                self._follow_spec(batch, i, req, tokens[i], out)
             if batch.discard[i]:
                 self._after_discarded_row(
                     req, lp, is_chunk=batch.chunk[i],
@@ -427,6 +491,42 @@ class Scheduler:
                 self._log_decode()
         else:
             self._log_prefill(batch)
+
+    def _process_spec(self, batch: ScheduledBatch, results: list[Any]) -> None:
+        """Commit each request's accepted tokens: free rejected slots now, advance ``kv_len`` by the
+        accept length, append the tokens and check stops over all of them at once."""
+        self._release_deferred()
+        for req, res in zip(batch.reqs, results):
+            self.cache.free_slots(res.free_slots)
+            req.kv_len += res.accept_length
+            req.pending_outputs -= 1
+            req.spec_verify_ct += 1
+            req.spec_accepted_tokens += res.accept_length
+            req.spec_draft_budget += self.spec.max_tree - 1
+            if not req.finished:
+                self._append_tokens(req, res.tokens)
+        self._drop_finished_running()
+        self.outputs.flush()
+        self._tokens_since_log += sum(len(r.tokens) for r in results)
+        if self._decode_steps % self.cfg.log_interval == 0:
+            self._log_decode()
+
+    def _follow_spec(self, batch: ScheduledBatch, i: int, req: Req, token: int, out: ForwardOutput) -> None:
+        """Keep the drafter in step with plain passes: prefill chunks hand over their features,
+        the last chunk starts the drafter, a plain decode step advances it."""
+        if req.finished:
+            return
+        offset = sum(batch.extend_lens[:i])
+        n = batch.extend_lens[i]
+        hidden = None if out.hidden_states is None else out.hidden_states[offset : offset + n]
+        if not batch.prefill_row[i]:
+            if not batch.discard[i]:
+                self.spec.on_plain_step(req.req_pool_idx, token, hidden)
+            return
+        if hidden is not None:
+            self.spec.on_extend(req.req_pool_idx, batch.prefix_lens[i], hidden)
+        if not batch.discard[i]:  # the last chunk: its sampled token is the first output
+            self.spec.on_prefill_done(req.req_pool_idx, req.fill_ids, token)
 
     def _after_discarded_row(
         self, req: Req, lp: Any, *, is_chunk: bool, batch_prefix: int, batch_extend: int
@@ -455,6 +555,16 @@ class Scheduler:
             self.req_pool.req_to_token[req.req_pool_idx, :done],
             req_row=req.req_pool_idx,
         )
+
+    def _append_tokens(self, req: Req, tokens: list[int]) -> None:
+        """Several tokens from one speculative step (no grammar, no logprobs: see eligibility)."""
+        req.output_ids.extend(tokens)
+        reason = req.stop_checker.check(req.output_ids, len(tokens))
+        if reason is not None:
+            if reason.keep is not None:
+                del req.output_ids[reason.keep :]  # tokens past a stop do not belong
+            req.finish(reason)
+        self.outputs.add(req)
 
     def _append_token(self, req: Req, token: int, lp: Any) -> None:
         req.output_ids.append(token)
@@ -534,6 +644,8 @@ class Scheduler:
         if req.req_pool_idx is None:
             return
         row = req.req_pool_idx
+        if self.spec is not None:
+            self.spec.release(row)
         # The newest KV slot may belong to a token that was computed but never processed (the
         # request finished while a step was in flight): its id is unknown, so it is freed, not cached.
         known = min(req.kv_len, len(req.fill_ids))
@@ -563,7 +675,7 @@ class Scheduler:
             self._process_oldest()
         self._release_deferred()
 
-    def _retract_until(self, need: int, protect: Req | None = None) -> None:
+    def _retract_until(self, need: int, protect: Req | None = None, per_request: int = 1) -> None:
         """Retract running requests until ``need`` slots are available. ``protect`` (a request
         mid-chunk) is never retracted; without it, ``need`` is one slot per decoding request, so
         it shrinks with every retraction."""
@@ -585,7 +697,7 @@ class Scheduler:
             self.waiting.insert(0, req)
             retracted += 1
             if protect is None:
-                need = len(self.running)
+                need = per_request * len(self.running)
         if retracted:
             self.stats.num_retracted += retracted
             self.ratio.raise_to(ratio_after_retraction(self.running))
@@ -646,6 +758,7 @@ class Scheduler:
             "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
             "num_retracted_reqs": s.num_retracted,
             "gen_throughput": s.gen_throughput,
+            "spec_accept_length": self.spec.mean_accept_length if self.spec is not None else 0.0,
             "prompt_tokens_total": s.prompt_tokens,
             "cached_tokens_total": s.cached_tokens,
             "max_total_num_tokens": total,
@@ -671,11 +784,12 @@ class Scheduler:
         dt = max(now - self._last_log, 1e-6)
         self.stats.gen_throughput = self._tokens_since_log / dt
         self._last_log, self._tokens_since_log = now, 0
+        accept = f", accept len: {self.spec.mean_accept_length:.2f}" if self.spec is not None else ""
         logger.info(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
-            "gen throughput (token/s): %.2f, #queue-req: %d",
+            "gen throughput (token/s): %.2f, #queue-req: %d%s",
             len(self.running), self.cache.total_size - self.cache.available_size,
-            self.live_stats()["token_usage"], self.stats.gen_throughput, len(self.waiting),
+            self.live_stats()["token_usage"], self.stats.gen_throughput, len(self.waiting), accept,
         )
 
 

@@ -1,0 +1,415 @@
+"""EAGLE draft head, its KV cache and tree drafting (DESIGN.md §7).
+
+The head predicts the target's next *feature* (final hidden state) from the previous feature
+and the current token, then reads tokens off it with the target's own LM head::
+
+    draft position j:  x = fc([embed(t_j) ; f_{j-1}])          2H -> H
+                       g_j = decoder_layer(x)                    ~ f_j (the target's feature)
+                       logits_j = lm_head(g_j)                   ~ the target's next-token logits
+
+Only ``fc`` and one decoder layer are trained; the embedding and the LM head are the target's
+(the LM head may be restricted to a frequent-token draft vocabulary, ``token_map``, which makes
+each draft step several times cheaper on a large vocabulary).
+
+One speculative cycle for a request whose newest token ``t_n`` (position ``n``) has no target KV::
+
+    draft:   g_n is known (last catch-up output) -> level 1 = top-k of lm_head(g_n)
+             levels 2..num_steps: expand the ``topk`` best frontier nodes (cumulative log prob),
+             each with the *predicted* feature of its parent; keep the best
+             ``num_draft_tokens - 1`` nodes overall -> DraftTree rooted at t_n
+    verify:  target accepts t_n -> a_1 .. a_m and emits bonus b  (verify.py)
+    catch up: extend the draft cache at positions n+1 .. n+m+1 with tokens a_1 .. a_m, b and the
+             target's *true* features f_n .. f_{n+m}; its last output is the next g
+
+Tree nodes' draft KV lives in temporary tensors for the duration of one drafting call; only
+catch-up writes the request's committed draft cache.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from phloem.runtime.layers.rotary import rope_inv_freq
+from phloem.runtime.speculative.tree import DraftTree
+from torch import nn
+
+__all__ = [
+    "EagleConfig",
+    "EagleDraftWorker",
+    "EagleHead",
+    "DraftKVCache",
+    "load_eagle_head",
+    "save_eagle_head",
+]
+
+
+@dataclass(frozen=True)
+class EagleConfig:
+    """Shape of a draft head (hidden size and attention shape follow the target)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int  # the target's
+    draft_vocab_size: int  # rows of the draft LM head (== vocab_size: no restriction)
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-5
+
+    @classmethod
+    def from_target(cls, cfg: Any, *, draft_vocab_size: int | None = None) -> EagleConfig:
+        """From the target's :class:`~phloem.runtime.models.config.ModelConfig`."""
+        return cls(
+            hidden_size=cfg.hidden_size,
+            intermediate_size=cfg.intermediate_size,
+            num_heads=cfg.num_heads,
+            num_kv_heads=cfg.num_kv_heads,
+            head_dim=cfg.head_dim,
+            vocab_size=cfg.vocab_size,
+            draft_vocab_size=min(draft_vocab_size or cfg.vocab_size, cfg.vocab_size),
+            rope_theta=cfg.rope_theta,
+            rms_norm_eps=cfg.rms_norm_eps,
+        )
+
+    def matches(self, cfg: Any) -> bool:
+        return (self.hidden_size, self.vocab_size, self.head_dim) == (
+            cfg.hidden_size,
+            cfg.vocab_size,
+            cfg.head_dim,
+        )
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)  # rotate-half layout, as the target
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class EagleHead(nn.Module):
+    """``fc`` + one Llama decoder layer (module docstring). Parameters only; attention over a
+    cache is done by the caller through :meth:`project` and :meth:`finish`."""
+
+    token_map: torch.Tensor
+    inv_freq: torch.Tensor
+
+    def __init__(self, cfg: EagleConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        h, hq, hk, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.split = [hq * d, hk * d, hk * d]
+        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.input_norm = nn.Parameter(torch.ones(h))
+        self.qkv_proj = nn.Linear(h, sum(self.split), bias=False)
+        self.o_proj = nn.Linear(hq * d, h, bias=False)
+        self.post_norm = nn.Parameter(torch.ones(h))
+        self.gate_up_proj = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.register_buffer("token_map", torch.arange(cfg.draft_vocab_size), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(d, cfg.rope_theta), persistent=False)
+
+    def reset_parameters(self, generator: torch.Generator | None = None, std: float = 0.02) -> None:
+        """Start as "feature of the previous position": ``fc`` passes the feature half through and
+        the residual branches start at zero, so training begins from a stable identity."""
+        h = self.cfg.hidden_size
+        with torch.no_grad():
+            for lin in (self.fc, self.qkv_proj, self.gate_up_proj):
+                lin.weight.normal_(0.0, std, generator=generator)
+            self.fc.weight[:, h:] += torch.eye(h)
+            self.fc.bias.zero_()
+            self.o_proj.weight.zero_()
+            self.down_proj.weight.zero_()
+            self.input_norm.fill_(1.0)
+            self.post_norm.fill_(1.0)
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        angles = positions.float()[..., None] * self.inv_freq  # [..., D/2]
+        return angles.cos().unsqueeze(-2), angles.sin().unsqueeze(-2)  # [..., 1, D/2]
+
+    def project(
+        self, emb: torch.Tensor, feat: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``[..., H]`` token embeddings and features -> residual ``x`` and roped ``q, k, v``
+        ``[..., heads, D]``."""
+        c = self.cfg
+        x = self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))
+        q, k, v = self.qkv_proj(_rms_norm(x, self.input_norm, c.rms_norm_eps)).split(self.split, dim=-1)
+        q = q.unflatten(-1, (c.num_heads, c.head_dim))
+        k = k.unflatten(-1, (c.num_kv_heads, c.head_dim))
+        v = v.unflatten(-1, (c.num_kv_heads, c.head_dim))
+        cos, sin = self.rope(positions)
+        return x, _rope(q, cos, sin), _rope(k, cos, sin), v
+
+    def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """Residual ``x`` and attention output ``[..., Hq, D]`` -> predicted feature ``[..., H]``."""
+        x = x + self.o_proj(attn_out.flatten(-2))
+        gate, up = self.gate_up_proj(_rms_norm(x, self.post_norm, self.cfg.rms_norm_eps)).chunk(2, dim=-1)
+        return x + self.down_proj(F.silu(gate) * up)
+
+    def forward_dense(
+        self, emb: torch.Tensor, feat: torch.Tensor, lengths: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Training path: ``[B, L, H]`` sequences from position 0, causal attention (padding at the
+        end of a row never influences the row's real positions). Returns ``[B, L, H]``."""
+        b, n, _ = emb.shape
+        positions = torch.arange(n, device=emb.device).expand(b, n)
+        x, q, k, v = self.project(emb, feat, positions)
+        o = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True, enable_gqa=True
+        )  # [B, Hq, L, D]
+        return self.finish(x, o.transpose(1, 2))
+
+
+# ---------------------------------------------------------------------------------- save / load
+def save_eagle_head(
+    head: EagleHead, path: str, *, dtype: torch.dtype = torch.float16, info: dict | None = None
+) -> None:
+    """Write ``head`` as safetensors: weights in ``dtype``, ``token_map`` (int64), config in metadata."""
+    from safetensors.torch import save_file
+
+    tensors = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
+    tensors["token_map"] = head.token_map.detach().to("cpu", torch.int64).contiguous()
+    meta = {"eagle_config": json.dumps(asdict(head.cfg)), "info": json.dumps(info or {})}
+    save_file(tensors, path, metadata=meta)
+
+
+def load_eagle_head(
+    path: str, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> EagleHead:
+    """Inverse of :func:`save_eagle_head`."""
+    from safetensors import safe_open
+
+    with safe_open(path, framework="pt") as f:
+        cfg = EagleConfig(**json.loads(f.metadata()["eagle_config"]))
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open has no items()
+    head = EagleHead(cfg)
+    token_map = tensors.pop("token_map")
+    head.load_state_dict({k: v.float() for k, v in tensors.items()})
+    head.token_map = token_map
+    return head.to(device=device, dtype=dtype).eval()
+
+
+# ---------------------------------------------------------------------------------- draft cache
+class DraftKVCache:
+    """The draft head's committed K/V, one growing dense buffer per sequence (its own pool, apart
+    from the target's). Only catch-up appends; tree drafting uses temporary tensors."""
+
+    def __init__(
+        self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str
+    ) -> None:
+        self.shape = (num_kv_heads, head_dim)
+        self.dtype, self.device = dtype, torch.device(device)
+        self._k: dict[int, torch.Tensor] = {}
+        self._v: dict[int, torch.Tensor] = {}
+        self.lens: dict[int, int] = {}
+
+    def append(self, seq: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Append ``k, v`` ``[m, Hk, D]`` after the sequence's committed entries."""
+        n, m = self.lens.get(seq, 0), k.shape[0]
+        buf_k = self._k.get(seq)
+        if buf_k is None or buf_k.shape[0] < n + m:
+            cap = max(64, 2 ** math.ceil(math.log2(n + m)))
+            new_k = torch.empty((cap, *self.shape), dtype=self.dtype, device=self.device)
+            new_v = torch.empty_like(new_k)
+            if buf_k is not None:
+                new_k[:n], new_v[:n] = buf_k[:n], self._v[seq][:n]
+            self._k[seq], self._v[seq] = new_k, new_v
+        self._k[seq][n : n + m] = k
+        self._v[seq][n : n + m] = v
+        self.lens[seq] = n + m
+
+    def get(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Committed ``K, V`` ``[len, Hk, D]`` (views, valid until the next append)."""
+        n = self.lens.get(seq, 0)
+        if n == 0:
+            empty = torch.empty((0, *self.shape), dtype=self.dtype, device=self.device)
+            return empty, empty
+        return self._k[seq][:n], self._v[seq][:n]
+
+    def release(self, seq: int) -> None:
+        self._k.pop(seq, None)
+        self._v.pop(seq, None)
+        self.lens.pop(seq, None)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """``q`` ``[m, Hq, D]`` over ``k, v`` ``[S, Hk, D]`` with bool ``mask`` ``[m, S]`` -> ``[m, Hq, D]``."""
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+        attn_mask=None if mask is None else mask[None, None], enable_gqa=True,
+    )  # fmt: skip
+    return o[0].transpose(0, 1)
+
+
+# ---------------------------------------------------------------------------------- worker
+@dataclass
+class _Node:
+    token: int  # target vocabulary id
+    parent: int  # index into the candidate list (root = 0)
+    score: float  # cumulative draft log probability
+    depth: int
+    temp: int = -1  # index of its K/V in the temporary tensors once expanded
+    ancestors: tuple[int, ...] = ()  # temp indices of expanded ancestors (root excluded)
+
+
+class EagleDraftWorker:
+    """Runs an :class:`EagleHead` for many sequences: prefill/catch-up and tree drafting.
+
+    Parameters
+    ----------
+    head:
+        The trained head (moved to the target's device and dtype here).
+    embed_weight, lm_head_weight:
+        The target's ``[V, H]`` embedding and LM head weights (the same tensor when tied).
+    num_steps, topk, num_draft_tokens:
+        Tree depth, branching per level and nodes verified per step *including the root*;
+        ``topk == 1`` drafts a chain of ``num_steps`` tokens.
+    """
+
+    def __init__(
+        self,
+        head: EagleHead,
+        *,
+        embed_weight: torch.Tensor,
+        lm_head_weight: torch.Tensor,
+        num_steps: int = 3,
+        topk: int = 1,
+        num_draft_tokens: int | None = None,
+    ) -> None:
+        if num_steps < 1 or topk < 1:
+            raise ValueError("num_steps and topk must be >= 1")
+        self.head = head.to(device=embed_weight.device, dtype=embed_weight.dtype).eval()
+        self.embed_weight = embed_weight.detach()
+        self.token_map = head.token_map.to(embed_weight.device)
+        self.lm_weight = lm_head_weight.detach()[self.token_map].contiguous()  # [Vd, H]
+        self.num_steps, self.topk = num_steps, topk
+        max_nodes = 1 + topk + (num_steps - 1) * topk * topk
+        self.num_draft_tokens = min(num_draft_tokens or num_steps + 1, max_nodes)
+        c = head.cfg
+        self.cache = DraftKVCache(c.num_kv_heads, c.head_dim, embed_weight.dtype, embed_weight.device)
+        self.root_feature: dict[int, torch.Tensor] = {}  # seq -> g at its newest position [H]
+        self.offset: dict[int, int] = {}  # seq -> sequence position of its first draft entry
+
+    @classmethod
+    def for_runner(cls, head: EagleHead, runner: Any, **kw: Any) -> EagleDraftWorker:
+        """Share ``runner.model``'s embedding and LM head."""
+        model = runner.model
+        embed = model.model.embed_tokens.weight
+        lm = model.lm_head.tied_to.weight if model.lm_head.tied_to is not None else model.lm_head.weight
+        if not head.cfg.matches(runner.model_config):
+            raise ValueError("the EAGLE head was trained for a different target shape")
+        return cls(head, embed_weight=embed, lm_head_weight=lm, **kw)
+
+    # ---- committed path -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def extend(self, seq: int, tokens: list[int], features: torch.Tensor) -> None:
+        """Append draft positions for ``tokens``, where ``features[i]`` is the target's feature at
+        the position before ``tokens[i]`` (prefill: a zero row for position 0, then the prompt's
+        features; catch-up: the features :class:`VerifyResult` returns). Sets the root feature."""
+        start = self.cache.lens.get(seq, 0)
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.embed_weight.device)
+        first = self.offset.get(seq, 0) + start
+        positions = torch.arange(first, first + len(tokens), device=ids.device)
+        x, q, k, v = self.head.project(F.embedding(ids, self.embed_weight), features, positions)
+        k_old, v_old = self.cache.get(seq)
+        self.cache.append(seq, k, v)
+        k_all, v_all = self.cache.get(seq)
+        m = len(tokens)
+        causal = torch.ones(m, start + m, dtype=torch.bool, device=ids.device).tril(diagonal=start)
+        g = self.head.finish(x, _attend(q, k_all, v_all, causal))
+        self.root_feature[seq] = g[-1]
+
+    def prefill(self, seq: int, tokens: list[int], features: torch.Tensor, *, start: int = 0) -> None:
+        """Start a sequence: ``tokens`` = the prompt tokens computed by the target's prefill, from
+        position ``start``, then the first sampled token; ``features`` = the target's features at
+        those prompt positions ``[len(tokens) - 1, H]``.
+
+        ``start > 0`` (the first ``start`` tokens came from the prefix cache, without features):
+        the draft begins at that position and never attends the cached part (lower acceptance,
+        same output).
+        """
+        self.offset[seq] = start
+        zero = torch.zeros_like(features[:1])
+        self.extend(seq, tokens, torch.cat([zero, features]))
+
+    def release(self, seq: int) -> None:
+        self.cache.release(seq)
+        self.root_feature.pop(seq, None)
+        self.offset.pop(seq, None)
+
+    # ---- drafting -----------------------------------------------------------------------------
+    def _logprobs(self, g: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(F.linear(g, self.lm_weight).float(), dim=-1)  # [m, Vd]
+
+    @torch.inference_mode()
+    def draft(self, seq: int, root_token: int) -> DraftTree:
+        """Grow a draft tree rooted at ``root_token`` (the sequence's newest token, at draft
+        position ``cache.lens[seq] - 1``). See the module docstring."""
+        k_c, v_c = self.cache.get(seq)
+        committed = k_c.shape[0]
+        root_pos = self.offset.get(seq, 0) + committed - 1
+        nodes = [_Node(root_token, -1, 0.0, 0)]
+        frontier = self._children(nodes, [0], self._logprobs(self.root_feature[seq][None]))
+        parent_feature = self.root_feature[seq][None].expand(len(frontier), -1)
+        temp_k = k_c.new_empty((0, *k_c.shape[1:]))
+        temp_v = temp_k
+        for _ in range(self.num_steps - 1):
+            if not frontier:
+                break
+            ids = torch.tensor([nodes[i].token for i in frontier], device=k_c.device)
+            positions = torch.tensor([root_pos + nodes[i].depth for i in frontier], device=k_c.device)
+            x, q, k, v = self.head.project(F.embedding(ids, self.embed_weight), parent_feature, positions)
+            base = temp_k.shape[0]
+            temp_k, temp_v = torch.cat([temp_k, k]), torch.cat([temp_v, v])
+            mask = torch.zeros(
+                len(frontier), committed + temp_k.shape[0], dtype=torch.bool, device=k_c.device
+            )
+            mask[:, :committed] = True
+            for row, i in enumerate(frontier):
+                node = nodes[i]
+                node.temp = base + row
+                node.ancestors = nodes[node.parent].ancestors + (
+                    (nodes[node.parent].temp,) if node.parent != 0 else ()
+                )
+                mask[row, [committed + t for t in (*node.ancestors, node.temp)]] = True
+            g = self.head.finish(x, _attend(q, torch.cat([k_c, temp_k]), torch.cat([v_c, temp_v]), mask))
+            new = self._children(nodes, frontier, self._logprobs(g))
+            # expand the topk best new nodes next, each with its parent's predicted feature
+            row_of = {i: r for r, i in enumerate(frontier)}
+            frontier = sorted(new, key=lambda i: -nodes[i].score)[: self.topk]
+            parent_feature = g[[row_of[nodes[i].parent] for i in frontier]] if frontier else g[:0]
+        return self._select(nodes)
+
+    def _children(self, nodes: list[_Node], parents: list[int], logp: torch.Tensor) -> list[int]:
+        """Add the ``topk`` best children of each parent (``logp`` rows); returns their indices."""
+        top, idx = logp.topk(self.topk, dim=-1)
+        tokens = self.token_map[idx].tolist()
+        added = []
+        for row, p in enumerate(parents):
+            for j in range(self.topk):
+                nodes.append(
+                    _Node(tokens[row][j], p, nodes[p].score + float(top[row, j]), nodes[p].depth + 1)
+                )
+                added.append(len(nodes) - 1)
+        return added
+
+    def _select(self, nodes: list[_Node]) -> DraftTree:
+        """Root + the ``num_draft_tokens - 1`` best nodes by cumulative log prob. A child never
+        scores above its parent and the sort is stable over creation order, so the kept set is
+        closed under taking parents."""
+        order = sorted(range(1, len(nodes)), key=lambda i: -nodes[i].score)[: self.num_draft_tokens - 1]
+        keep = [0, *sorted(order)]
+        new_index = {old: new for new, old in enumerate(keep)}
+        return DraftTree(
+            tokens=[nodes[i].token for i in keep],
+            parents=[-1, *(new_index[nodes[i].parent] for i in keep[1:])],
+        )

@@ -1,0 +1,173 @@
+"""The scheduler's collaborator for speculative decode steps (DESIGN.md §4, §7).
+
+The scheduler keeps its loop; with speculation on, a decode step becomes::
+
+    rows = spec.plan(reqs)                     # drafts + slot needs, before any allocation
+    slots = cache.alloc(sum(row.num_slots))    # one allocation for the whole step
+    results = spec.verify(rows, slots)         # one target pass; req_to_token rows committed
+    cache.free_slots(results[i].free_slots)    # rejected nodes' slots, at once
+    req.kv_len += results[i].accept_length; output_ids += results[i].tokens; stop checks
+
+This object owns the drafter (n-gram or EAGLE) and the verifier, knows nothing about ``Req``
+beyond the plain values passed in, and never allocates KV itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from phloem.runtime.speculative.decoding import Drafter, EagleDrafter, NgramDrafter
+from phloem.runtime.speculative.tree import DraftTree
+from phloem.runtime.speculative.verify import GREEDY, SpecSampling, TreeVerifier, VerifyRequest, VerifyResult
+
+__all__ = ["SpecRow", "SpeculativeStep", "build_speculative_step"]
+
+
+@dataclass
+class SpecRow:
+    """One request in a speculative step (plain values from the scheduler's ``Req``)."""
+
+    req_pool_idx: int
+    kv_len: int  # tokens with KV; the newest token (context[-1]) has none yet
+    context: list[int]  # prompt + outputs so far
+    sampling: SpecSampling = GREEDY
+    max_accept: int | None = None  # remaining max_new_tokens
+    tree: DraftTree | None = None  # filled by plan()
+
+    @property
+    def num_slots(self) -> int:
+        assert self.tree is not None, "plan() first"
+        return len(self.tree)
+
+
+class SpeculativeStep:
+    """Draft, verify and catch up for a batch of running requests.
+
+    Parameters
+    ----------
+    runner:
+        The target model runner.
+    drafter:
+        :class:`NgramDrafter` or :class:`EagleDrafter`.
+    max_tree:
+        Upper bound of one request's tree (slots to keep free per running request).
+    """
+
+    def __init__(self, runner: Any, drafter: Drafter, *, max_tree: int, seed: int = 0) -> None:
+        self.drafter = drafter
+        self.verifier = TreeVerifier(runner, seed=seed)
+        self.max_tree = max_tree
+        self.needs_hidden = isinstance(drafter, EagleDrafter)
+        self.verify_count = 0
+        self.accepted_tokens = 0
+        self._prefill: dict[int, tuple[int, list[torch.Tensor]]] = {}  # row -> (start, hidden chunks)
+
+    @property
+    def mean_accept_length(self) -> float:
+        return self.accepted_tokens / self.verify_count if self.verify_count else 0.0
+
+    # ---- prefill and plain steps (EAGLE needs the target's features of every computed token)
+    def on_extend(self, row: int, start: int, hidden: torch.Tensor) -> None:
+        """A prefill chunk of ``row`` computed positions ``start ..`` with features ``hidden``."""
+        if not self.needs_hidden:
+            return
+        first, chunks = self._prefill.get(row, (start, []))
+        chunks.append(hidden)
+        self._prefill[row] = (first, chunks)
+
+    def on_prefill_done(self, row: int, fill_ids: list[int], first_token: int) -> None:
+        """The last chunk of ``row`` is done and sampled ``first_token``; ``fill_ids`` are the
+        request's tokens before it (prompt, and outputs when re-admitted after retraction)."""
+        start, chunks = self._prefill.pop(row, (0, []))
+        if not self.needs_hidden:
+            self.drafter.start(row, [*fill_ids, first_token], torch.empty(0))
+            return
+        hidden = torch.cat(chunks)
+        tokens = [*fill_ids[start:], first_token]
+        assert isinstance(self.drafter, EagleDrafter)
+        self.drafter.worker.prefill(row, tokens, hidden, start=start)
+
+    def on_plain_step(self, row: int, token: int, hidden_row: torch.Tensor | None) -> None:
+        """A plain decode step advanced ``row`` by ``token`` (``hidden_row``: the feature of the
+        step's input token, ``[1, H]``); keeps the drafter in step."""
+        if self.needs_hidden:
+            assert hidden_row is not None, "plain decode steps must return hidden states with EAGLE"
+            self.drafter.update(
+                row, VerifyResult([token], [0], torch.empty(0, dtype=torch.int64), hidden_row)
+            )
+
+    @staticmethod
+    def eligible(params: Any, *, has_grammar: bool, wants_logprobs: bool, num_outputs: int) -> bool:
+        """Whether a request may take speculative steps: the verify pass applies temperature,
+        top-k, top-p and min-p, but not grammars, penalties, logit bias, seeds, logprobs or the
+        min_new_tokens ban (those requests take plain decode steps)."""
+        return not (
+            has_grammar
+            or wants_logprobs
+            or params.frequency_penalty
+            or params.presence_penalty
+            or params.repetition_penalty != 1.0
+            or params.logit_bias
+            or params.sampling_seed is not None
+            or num_outputs < params.min_new_tokens
+        )
+
+    @staticmethod
+    def sampling_of(params: Any) -> SpecSampling:
+        return SpecSampling(params.temperature, params.top_k, params.top_p, params.min_p)
+
+    def plan(self, rows: list[SpecRow]) -> int:
+        """Draft a tree for every row; returns the slots the step needs in total."""
+        for r in rows:
+            r.tree = self.drafter.propose(r.req_pool_idx, r.context)
+        return sum(r.num_slots for r in rows)
+
+    def verify(self, rows: list[SpecRow], slots: torch.Tensor) -> list[VerifyResult]:
+        """One target pass over every row's tree, using ``slots`` (``plan``'s total, in row
+        order); commits accepted nodes into ``req_to_token`` and catches the drafter up."""
+        reqs, offset = [], 0
+        for r in rows:
+            assert r.tree is not None
+            reqs.append(VerifyRequest(r.req_pool_idx, r.kv_len, r.tree, slots[offset : offset + r.num_slots],
+                                      r.sampling, r.max_accept))  # fmt: skip
+            offset += r.num_slots
+        results = self.verifier.verify(reqs)
+        for r, res in zip(rows, results):
+            self.drafter.update(r.req_pool_idx, res)
+            self.verify_count += 1
+            self.accepted_tokens += res.accept_length
+        return results
+
+    def release(self, row: int) -> None:
+        self._prefill.pop(row, None)
+        self.drafter.release(row)
+
+
+def build_speculative_step(
+    runner: Any,
+    algorithm: str,
+    *,
+    draft_model_path: str | None = None,
+    num_steps: int = 3,
+    topk: int = 1,
+    num_draft_tokens: int = 4,
+    seed: int = 0,
+) -> SpeculativeStep:
+    """From ``EngineArgs.speculative_*``: ``EAGLE`` (the shipped head by default) or ``NGRAM``."""
+    name = algorithm.upper()
+    if name == "NGRAM":
+        from phloem.runtime.speculative.ngram import NgramProposer
+
+        k = max(num_draft_tokens - 1, 1)
+        return SpeculativeStep(runner, NgramDrafter(NgramProposer(k)), max_tree=k + 1, seed=seed)
+    if name == "EAGLE":
+        from phloem.runtime.speculative import DEFAULT_EAGLE_HEAD
+        from phloem.runtime.speculative.eagle import EagleDraftWorker, load_eagle_head
+
+        head = load_eagle_head(draft_model_path or DEFAULT_EAGLE_HEAD)
+        worker = EagleDraftWorker.for_runner(head, runner, num_steps=num_steps, topk=topk,
+                                             num_draft_tokens=num_draft_tokens)  # fmt: skip
+        return SpeculativeStep(runner, EagleDrafter(worker), max_tree=worker.num_draft_tokens, seed=seed)
+    raise ValueError(f"unknown speculative algorithm {algorithm!r}; expected EAGLE or NGRAM")
