@@ -25,9 +25,6 @@ from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.req import Req
 from phloem.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
-if "cached_tokens_details" not in Req.__dataclass_fields__:
-    pytest.skip("needs the scheduler hooks of the hierarchical cache", allow_module_level=True)
-
 VOCAB = 64
 EOS = 1
 
