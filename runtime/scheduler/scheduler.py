@@ -771,7 +771,8 @@ class Scheduler:
 
     def _log_prefill(self, batch: ScheduledBatch) -> None:
         new_tokens = sum(batch.extend_lens)
-        cached = sum(r.prefix_len for r in batch.reqs if r.first_admitted)
+        # tokens this pass did not compute: each prompt row's prefix when it was launched
+        cached = sum(p for p, row in zip(batch.prefix_lens, batch.prefill_row) if row)
         logger.info(
             "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
             "#running-req: %d, #queue-req: %d",
