@@ -135,6 +135,7 @@ class SchedulerStats(msgspec.Struct, tag=True, kw_only=True):
     """Periodic live stats for /metrics and get_server_info (counters are cumulative)."""
 
     stats: dict[str, float]
+    grammar_compilation_times: list[float] = []  # seconds of each compile since the last message
 
 
 ToTokenizerManager = BatchStrOut | Ready | ControlReply | SchedulerStats

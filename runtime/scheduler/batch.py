@@ -29,7 +29,6 @@ class ScheduledBatch:
     # Rows that asked for input logprobs in this pass, with the absolute start position.
     input_logprob_from: list[int] = field(default_factory=list)
     future_ids: torch.Tensor | None = None
-    grammar_rows: list[int] = field(default_factory=list)
     # Speculative decode step: one SpecRow per request (already drafted), slots of all tree nodes.
     spec_rows: list[Any] | None = None
     spec_slots: torch.Tensor | None = None

@@ -36,7 +36,7 @@ class GrammarQueue:
         self.compile_timeout = compile_timeout
         self.pending: list[Req] = []
         self._manager: Any = None
-        self.compile_times: list[float] = []  # drained by the stats publisher
+        self.compile_times: list[float] = []  # appended by compile threads, drained by take_compile_times
 
     @property
     def manager(self) -> Any:
@@ -56,6 +56,13 @@ class GrammarQueue:
                 backend, compile_timeout=self.compile_timeout, on_compiled=self.compile_times.append
             )
         return self._manager
+
+    def take_compile_times(self) -> list[float]:
+        """Compile durations recorded since the last call (the list object stays: the manager
+        holds its ``append``)."""
+        times = self.compile_times[:]
+        del self.compile_times[: len(times)]
+        return times
 
     # ------------------------------------------------------------------ queue
     def add(self, req: Req) -> None:

@@ -74,7 +74,13 @@ class SchedulerProcess:
             now = time.monotonic()
             if now - self._last_stats >= STATS_INTERVAL_S:
                 self._last_stats = now
-                self._send_tm(SchedulerStats(stats=self.scheduler.live_stats()))
+                grammar = self.scheduler.grammar
+                self._send_tm(
+                    SchedulerStats(
+                        stats=self.scheduler.live_stats(),
+                        grammar_compilation_times=grammar.take_compile_times() if grammar else [],
+                    )
+                )
                 if not parent_alive(parent_pid):
                     return
 

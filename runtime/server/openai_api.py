@@ -392,14 +392,13 @@ async def _completion_chunks(
     yield sse.DONE
 
 
+def _chunk(ctx: _Ctx, kind: str, choices: list[dict]) -> dict[str, Any]:
+    """One streamed object: ``kind`` is ``text_completion`` or ``chat.completion.chunk``."""
+    return {"id": ctx.rid, "object": kind, "created": ctx.created, "model": ctx.model, "choices": choices}
+
+
 def _completion_chunk(ctx: _Ctx, choices: list[dict]) -> dict[str, Any]:
-    return {
-        "id": ctx.rid,
-        "object": "text_completion",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-    }
+    return _chunk(ctx, "text_completion", choices)
 
 
 def _completion_delta(
@@ -680,13 +679,7 @@ async def _chat_chunks(
 
 
 def _chat_chunk(ctx: _Ctx, choices: list[dict]) -> dict[str, Any]:
-    return {
-        "id": ctx.rid,
-        "object": "chat.completion.chunk",
-        "created": ctx.created,
-        "model": ctx.model,
-        "choices": choices,
-    }
+    return _chunk(ctx, "chat.completion.chunk", choices)
 
 
 def _chat_deltas(index: int, out: Output, pos: _ChatPos, with_logprobs: bool) -> list[dict[str, Any]]:

@@ -314,7 +314,9 @@ class TokenizerManager:
         elif isinstance(msg, SchedulerStats):
             self.live_stats = msg.stats
             if self.metrics is not None:
-                self.metrics.update_scheduler_stats(msg.stats)
+                self.metrics.update_scheduler_stats(
+                    {**msg.stats, "grammar_compilation_times": msg.grammar_compilation_times}
+                )
         elif isinstance(msg, ControlReply):
             fut = self._ctrl_waiters.get(msg.req_id)
             if fut is not None and not fut.done():

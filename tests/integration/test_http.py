@@ -142,8 +142,12 @@ def test_metrics_parse_and_move(server):
 
     before = families()
     post(server, "/generate", {"text": "Metrics test", "sampling_params": {"max_new_tokens": 3}})
+    schema = '{"type": "object", "properties": {"metric_probe": {"type": "boolean"}}, "required": ["metric_probe"]}'
+    post(server, "/generate", {"text": "JSON:", "sampling_params": {"max_new_tokens": 16, "json_schema": schema}})
     time.sleep(1.5)
     after = families()
+    compiles = after["phloem:grammar_compilation_time_seconds"]
+    assert sum(s.value for s in compiles.samples if s.name.endswith("_count")) >= 1
     for name in ("phloem:num_running_reqs", "phloem:token_usage", "phloem:cache_hit_rate",
                  "phloem:time_to_first_token_seconds", "phloem:e2e_request_latency_seconds"):
         assert name in after, name
