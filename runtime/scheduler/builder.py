@@ -15,6 +15,7 @@ from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger("phloem.scheduler")
+SPEC_MAX_RUNNING = 32  # default cap on running requests with speculative decoding
 
 
 @dataclass
@@ -72,6 +73,16 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     if chunk <= 0:
         chunk = None
     max_running = min(args.max_running_requests or runner.max_running_requests, pool_rows.size)
+    speculative = args.speculative_algorithm is not None
+    if speculative and args.max_running_requests is None and max_running > SPEC_MAX_RUNNING:
+        # each running request reserves a whole draft tree per step, and drafting pays only while
+        # the verify pass is memory-bound: beyond a few dozen rows plain decoding wins
+        max_running = SPEC_MAX_RUNNING
+        logger.info("speculative decoding: max_running_requests=%d (set --max-running-requests to change)",
+                    max_running)  # fmt: skip
+    jump_forward = args.enable_jump_forward and not speculative
+    if args.enable_jump_forward and speculative:
+        logger.warning("jump-forward is off with speculative decoding")
     cfg = SchedulerConfig(
         max_running_requests=max_running,
         max_prefill_tokens=args.max_prefill_tokens,
@@ -82,13 +93,13 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         enable_priority_scheduling=args.enable_priority_scheduling,
         priority_preemption_threshold=args.priority_preemption_threshold,
         # the draft of step N+1 needs step N's tokens: speculation runs the non-overlap loop
-        overlap=not args.disable_overlap_schedule and args.speculative_algorithm is None,
+        overlap=not args.disable_overlap_schedule and not speculative,
         stream_interval=args.stream_interval,
         log_interval=args.log_interval,
-        enable_jump_forward=args.enable_jump_forward,
+        enable_jump_forward=jump_forward,
     )
     spec = None
-    if args.speculative_algorithm is not None:
+    if speculative:
         from phloem.runtime.speculative.step import build_speculative_step
 
         spec = build_speculative_step(

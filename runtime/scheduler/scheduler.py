@@ -369,8 +369,7 @@ class Scheduler:
 
     def _all_spec_eligible(self) -> bool:
         return all(
-            self.spec.eligible(r.params, has_grammar=r.grammar is not None, wants_logprobs=r.return_logprob,
-                               num_outputs=len(r.output_ids))
+            self.spec.eligible(r.params, wants_logprobs=r.return_logprob, num_outputs=len(r.output_ids))
             for r in self.running if not r.finished
         )  # fmt: skip
 
@@ -389,7 +388,8 @@ class Scheduler:
         if not reqs:
             return None
         rows = [
-            SpecRow(r.req_pool_idx, r.kv_len, r.fill_ids, self.spec.sampling_of(r.params), r.remaining_new_tokens)
+            SpecRow(r.req_pool_idx, r.kv_len, r.fill_ids, self.spec.sampling_of(r.params),
+                    r.remaining_new_tokens, grammar=r.grammar)
             for r in reqs
         ]
         slots = self.cache.alloc(self.spec.plan(rows))
@@ -557,9 +557,21 @@ class Scheduler:
         )
 
     def _append_tokens(self, req: Req, tokens: list[int]) -> None:
-        """Several tokens from one speculative step (no grammar, no logprobs: see eligibility)."""
+        """Several tokens from one speculative step (no logprobs: see eligibility). A grammar
+        advances over them in order; the first token that terminates it ends the output."""
+        if req.grammar is not None:
+            for j, token in enumerate(tokens):
+                self.grammar.accept(req, token)
+                if req.finished:  # rejected: GrammarQueue.accept aborted the request
+                    self.outputs.add(req)
+                    return
+                if req.grammar.is_terminated():
+                    tokens = tokens[: j + 1]
+                    break
         req.output_ids.extend(tokens)
         reason = req.stop_checker.check(req.output_ids, len(tokens))
+        if reason is None and req.grammar is not None and req.grammar.is_terminated():
+            reason = FinishReason.stop_matched(tokens[-1])
         if reason is not None:
             if reason.keep is not None:
                 del req.output_ids[reason.keep :]  # tokens past a stop do not belong

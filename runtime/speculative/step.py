@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 from phloem.runtime.speculative.decoding import Drafter, EagleDrafter, NgramDrafter
+from phloem.runtime.speculative.grammar import tree_bitmask
 from phloem.runtime.speculative.tree import DraftTree
 from phloem.runtime.speculative.verify import GREEDY, SpecSampling, TreeVerifier, VerifyRequest, VerifyResult
 
@@ -34,6 +35,7 @@ class SpecRow:
     context: list[int]  # prompt + outputs so far
     sampling: SpecSampling = GREEDY
     max_accept: int | None = None  # remaining max_new_tokens
+    grammar: Any = None  # the request's GrammarMatcher (accepted up to context[-1]) or None
     tree: DraftTree | None = None  # filled by plan()
 
     @property
@@ -58,6 +60,7 @@ class SpeculativeStep:
     def __init__(self, runner: Any, drafter: Drafter, *, max_tree: int, seed: int = 0) -> None:
         self.drafter = drafter
         self.verifier = TreeVerifier(runner, seed=seed)
+        self.vocab_size = runner.vocab_size
         self.max_tree = max_tree
         self.needs_hidden = isinstance(drafter, EagleDrafter)
         self.verify_count = 0
@@ -99,13 +102,12 @@ class SpeculativeStep:
             )
 
     @staticmethod
-    def eligible(params: Any, *, has_grammar: bool, wants_logprobs: bool, num_outputs: int) -> bool:
+    def eligible(params: Any, *, wants_logprobs: bool, num_outputs: int) -> bool:
         """Whether a request may take speculative steps: the verify pass applies temperature,
-        top-k, top-p and min-p, but not grammars, penalties, logit bias, seeds, logprobs or the
-        min_new_tokens ban (those requests take plain decode steps)."""
+        top-k, top-p, min-p and grammars (masks over the tree), but not penalties, logit bias,
+        seeds, logprobs or the min_new_tokens ban (those requests take plain decode steps)."""
         return not (
-            has_grammar
-            or wants_logprobs
+            wants_logprobs
             or params.frequency_penalty
             or params.presence_penalty
             or params.repetition_penalty != 1.0
@@ -130,8 +132,9 @@ class SpeculativeStep:
         reqs, offset = [], 0
         for r in rows:
             assert r.tree is not None
+            mask = None if r.grammar is None else tree_bitmask(r.tree, r.grammar, self.vocab_size)
             reqs.append(VerifyRequest(r.req_pool_idx, r.kv_len, r.tree, slots[offset : offset + r.num_slots],
-                                      r.sampling, r.max_accept))  # fmt: skip
+                                      r.sampling, r.max_accept, mask))  # fmt: skip
             offset += r.num_slots
         results = self.verifier.verify(reqs)
         for r, res in zip(rows, results):

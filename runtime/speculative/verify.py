@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from phloem.grammars.bitmask import apply_bitmask
 from phloem.runtime.attention.base import AttentionBackend
 from phloem.runtime.executor.forward_io import ForwardMode
 from phloem.runtime.sampling.sampler import GREEDY_EPS, min_p_drop_mask, top_k_top_p_drop_mask
@@ -76,6 +77,8 @@ class VerifyRequest:
     ``slots`` ``[len(tree)]`` are fresh KV slots the caller allocated for the nodes; after the
     pass the accepted ones belong to the request's row and the rest come back in
     :attr:`VerifyResult.free_slots`. ``max_accept`` caps the tokens taken (remaining budget).
+    ``bitmask`` (constrained requests, see :mod:`phloem.runtime.speculative.grammar`) masks each
+    node's logits before acceptance.
     """
 
     req_pool_idx: int
@@ -84,6 +87,7 @@ class VerifyRequest:
     slots: torch.Tensor
     sampling: SpecSampling = GREEDY
     max_accept: int | None = None
+    bitmask: torch.Tensor | None = None  # grammar mask per node, int32 [len(tree), words]
 
 
 @dataclass
@@ -276,6 +280,8 @@ class TreeVerifier:
     def _accept_and_commit(
         self, r: VerifyRequest, logits: torch.Tensor, hidden: torch.Tensor
     ) -> VerifyResult:
+        if r.bitmask is not None:
+            logits = apply_bitmask(logits, r.bitmask)  # in place on this request's rows
         if r.sampling.greedy:
             nodes, tokens = accept_greedy(r.tree, logits.argmax(dim=-1).tolist())
         else:

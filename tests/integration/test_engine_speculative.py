@@ -1,7 +1,10 @@
-"""Speculative decoding through the Engine on the default model with the shipped EAGLE head:
-greedy output identical to the target's, in a batch of mixed lengths, with stop strings."""
+"""Speculative decoding through the Engine on the default model with the shipped EAGLE head and
+with n-gram drafts: 12 prompts x 64 tokens in one batch of mixed lengths, some with stop strings and
+some constrained by a JSON schema, give the same token ids as plain greedy decoding."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -14,28 +17,53 @@ PROMPTS = [
     "Write a short poem about the sea.",
     "def fibonacci(n):",
     "Repeat after me: the cat sat on the mat. The cat sat on the mat. The cat",
+    "Explain in two sentences why the sky is blue, for a child who asked at breakfast.",
+    "Name three planets.",
+    "Give a recipe for pancakes with a list of ingredients and numbered steps.",
+    "Translate to French: good morning, my friend.",
+    "Describe a person called Ada as JSON.",
+    "A JSON record of a city:",
 ]
-GREEDY = {"max_new_tokens": 48, "temperature": 0}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+GREEDY = {"max_new_tokens": 64, "temperature": 0}
+PARAMS = [dict(GREEDY) for _ in PROMPTS]
+for i, stop in [(1, " ten"), (3, "\n\n"), (8, "3."), (9, ["!", "ami"])]:
+    PARAMS[i]["stop"] = stop
+for i in (10, 11):
+    PARAMS[i]["json_schema"] = json.dumps(SCHEMA)
+CONSTRAINED = (10, 11)
 
 
 @pytest.fixture(scope="module")
 def reference():
     with Engine(log_level="warning", disable_overlap_schedule=True) as eng:
-        plain = eng.generate(PROMPTS, sampling_params=GREEDY)
-        stopped = eng.generate(PROMPTS[1], sampling_params={**GREEDY, "stop": " ten"})
-    return plain, stopped
+        return eng.generate(PROMPTS, sampling_params=PARAMS)
+
+
+def test_reference_exercises_what_it_claims(reference):
+    lengths = [o["meta_info"]["completion_tokens"] for o in reference]
+    assert max(lengths) == 64 and min(lengths) < 32  # lengths in the batch differ
+    assert any(o["meta_info"]["finish_reason"]["type"] == "stop" for i, o in enumerate(reference)
+               if "stop" in PARAMS[i])  # fmt: skip
+    for i in CONSTRAINED:
+        assert set(json.loads(reference[i]["text"])) == {"name", "age"}
 
 
 @pytest.mark.parametrize("algo", ["EAGLE", "NGRAM"])
 def test_speculative_greedy_equals_target_greedy(reference, algo):
-    plain, stopped = reference
-    with Engine(speculative_algorithm=algo, log_level="warning", disable_overlap_schedule=True) as eng:
-        outs = eng.generate(PROMPTS, sampling_params=GREEDY)
-        assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
+    with Engine(speculative_algorithm=algo, log_level="warning") as eng:
+        outs = eng.generate(PROMPTS, sampling_params=PARAMS)
+        for i, (got, want) in enumerate(zip(outs, reference)):
+            assert got["output_ids"] == want["output_ids"], f"prompt {i}: {PROMPTS[i]!r}"
+            assert got["text"] == want["text"]
+            assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
         metas = [o["meta_info"] for o in outs if o["meta_info"]["completion_tokens"] > 2]
         assert all(m["spec_verify_ct"] > 0 and m["spec_accept_length"] >= 1.0 for m in metas)
+        assert all(outs[i]["meta_info"]["spec_verify_ct"] > 0 for i in CONSTRAINED)  # not plain steps
         assert max(m["spec_accept_length"] for m in metas) > 1.0  # some drafts were accepted
         assert all(0.0 <= m["spec_accept_rate"] <= 1.0 for m in metas)
-        s = eng.generate(PROMPTS[1], sampling_params={**GREEDY, "stop": " ten"})
-        assert s["text"] == stopped["text"] and s["meta_info"]["finish_reason"] == stopped["meta_info"]["finish_reason"]
         assert eng.flush_cache()
