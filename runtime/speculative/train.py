@@ -315,6 +315,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--load-format", default="auto", choices=["auto", "gguf", "safetensors", "dummy"])
     p.add_argument("--out", required=True, help="output .safetensors path")
     p.add_argument("--prompts", default=DEFAULT_PROMPTS, help="one prompt per line")
+    p.add_argument("--mixed-prompts", type=int, default=0,
+                   help="also train on this many templated prompts (speculative/prompt_mix.py)")  # fmt: skip
     p.add_argument(
         "--tiny", action="store_true", help="smoke test: few prompts, short answers, small head vocab"
     )
@@ -344,13 +346,18 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
     from phloem.runtime.model_files import resolve_model
 
     source = resolve_model(args.target, args.load_format)
-    runner = ModelRunner(source, dtype="float32", device=args.device, attention_backend="torch_ref",
+    runner = ModelRunner(source, dtype="float32", device=args.device, attention_backend="auto",
                          max_total_tokens=1 << 15, max_running_requests=64)  # fmt: skip
     texts = read_prompts(args.prompts)
     prompts, stop_ids = _tokenized_prompts(source, texts, runner.vocab_size, cfg)
     if args.tiny:
         prompts = prompts[: 8 + cfg.heldout]
     heldout, train_prompts = prompts[: cfg.heldout], prompts[cfg.heldout :]
+    if args.mixed_prompts:
+        from phloem.runtime.speculative.prompt_mix import mixed_prompts
+
+        extra, _ = _tokenized_prompts(source, mixed_prompts(args.mixed_prompts, cfg.seed), runner.vocab_size, cfg)
+        train_prompts += extra
     logger.info("%d training prompts, %d held out", len(train_prompts), len(heldout))
 
     data = build_dataset(runner, train_prompts, cfg, stop_ids)

@@ -44,6 +44,27 @@ def test_prompt_file_is_varied():
     assert len(prompts) >= 200 and len(set(prompts)) == len(prompts)
 
 
+def test_mixed_prompts_are_distinct_seeded_and_avoid_the_heldout_set():
+    from phloem.runtime.speculative.prompt_mix import mixed_prompts
+
+    a = mixed_prompts(2000, seed=0)
+    assert len(a) == len(set(a)) == 2000
+    assert mixed_prompts(2000, seed=0) == a and mixed_prompts(2000, seed=1) != a
+    assert not set(a) & set(read_prompts(DEFAULT_PROMPTS)[:12])
+
+
+def test_tiny_training_run_with_mixed_prompts(tmp_path):
+    torch.set_num_threads(1)
+    out = str(tmp_path / "head.safetensors")
+    argv = ["--target", "tiny-llama", "--load-format", "dummy", "--out", out, "--tiny", "--mixed-prompts", "6"]
+    assert train_eagle_main(argv) == 0
+    from safetensors import safe_open
+
+    with safe_open(out, framework="pt") as f:
+        info = json.loads(f.metadata()["info"])
+    assert info["train_sequences"] == 8 + 6  # --tiny keeps 8 hand-written prompts; the mix adds 6
+
+
 @pytest.mark.skipif(not os.path.exists(DEFAULT_EAGLE_HEAD), reason="shipped head missing")
 def test_shipped_head_fits_the_default_model_shape():
     assert os.path.getsize(DEFAULT_EAGLE_HEAD) < 10 * 2**20
