@@ -9,6 +9,9 @@ tokens of KV and the batch decodes one token per request per step through ``Mode
     floor time = bytes / copy bandwidth (a large device-to-device copy, bytes read + written)
     ratio = measured step time / floor time   (1.0 is the memory-bound ideal)
 
+``--fused on off`` runs every point with the fused CUDA layer kernels (``runtime/layers/fused_triton.py``)
+and with their torch references, recapturing the graphs for each.
+
 Usage (in the repository root, on the GPU machine)::
 
     python3 -m benchmarks.gpu.decode_bench --out $OUT/decode_bench.json
@@ -77,6 +80,7 @@ def make_runner(shape: str, max_bs: int, context: int):
         max_total_tokens=max_bs * context + 16,
         max_running_requests=max_bs,
         context_len=context + 16,
+        cuda_graph_max_bs=0,  # the benchmark captures its own graphs (per backend and fused mode)
     )
 
 
@@ -146,67 +150,107 @@ def weights_read(runner) -> int:
     return runner.weight_bytes - embed
 
 
-def check_graph_matches_eager(runner, graphs, context: int) -> float:
-    """Max |graph - eager| over the logits of a 3-row batch (replayed padded to 4)."""
-    fi = decode_input(runner, 3, context, torch.Generator().manual_seed(5)).to("cuda")
+def _check_input(runner, context: int):
+    return decode_input(runner, 3, context, torch.Generator().manual_seed(5)).to("cuda")
+
+
+def eager_logits(runner, fi) -> torch.Tensor:
+    """Logits of decode batch ``fi`` without graphs (``runner.cuda_graphs`` must be ``None``)."""
     with torch.inference_mode():
-        eager = type(runner)._logits(runner, fi, runner._logit_rows(fi))[0].clone()
+        return type(runner)._logits(runner, fi, runner._logit_rows(fi))[0].clone()
+
+
+def check_graph_matches_eager(runner, graphs, context: int) -> float:
+    """Max |graph - eager| / max |eager| over the logits of a 3-row batch (replayed padded to 4)."""
+    fi = _check_input(runner, context)
+    eager = eager_logits(runner, fi)
+    with torch.inference_mode():
         graph = graphs.replay(fi).clone()
     return float((eager - graph).abs().max() / eager.abs().max())
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--models", nargs="+", default=MODELS)
-    ap.add_argument("--backends", nargs="+", default=BACKENDS)
-    ap.add_argument("--batches", nargs="+", type=int, default=BATCHES)
-    ap.add_argument("--context", type=int, default=1024, help="KV tokens per request")
-    ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
-    args = ap.parse_args()
+def check_fused_matches_unfused(runner, context: int) -> float:
+    """Max |fused - unfused| / max |unfused| over the eager logits of a 3-row batch, run back to
+    back so both read the same KV pool."""
+    from phloem.runtime.layers.fusion import fused_kernels_enabled
 
+    before = "on" if fused_kernels_enabled() else "off"
+    fi = _check_input(runner, context)
+    set_fused("off")
+    unfused = eager_logits(runner, fi)
+    set_fused("on")
+    fused = eager_logits(runner, fi)
+    set_fused(before)
+    return float((fused - unfused).abs().max() / unfused.abs().max())
+
+
+def set_fused(mode: str) -> None:
+    """``on``/``off``: the fused CUDA layer kernels (``runtime/layers/fused_triton.py``); graphs
+    captured afterwards keep the path in force."""
+    from phloem.runtime.layers.fusion import set_fused_kernels
+
+    set_fused_kernels(mode == "on")
+
+
+def bench_model(
+    shape: str,
+    *,
+    backends: list[str],
+    batches: list[int],
+    context: int,
+    cuda_graph_max_bs: int,
+    fused_modes: list[str],
+    bandwidth: float,
+) -> tuple[list[dict], dict]:
+    """Rows for one dummy model shape (every backend x fused mode x graph on/off x batch) and the
+    capture records, keyed ``model/backend/fused-MODE`` (with both modes, ``model/backend`` holds
+    the fused vs unfused logits difference)."""
     from phloem.runtime.attention.registry import get_attention_backend_class
     from phloem.runtime.executor.cuda_graph import CudaGraphRunner
+    from phloem.runtime.layers.fusion import fused_kernels_enabled, set_fused_kernels
 
-    _fast_dummy_weights()
-    bandwidth = copy_bandwidth()
-    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
+    fused_before = fused_kernels_enabled()
     results, captures = [], {}
-    max_bs = max(args.batches)
-    for shape in args.models:
-        runner = make_runner(shape, max_bs, args.context)
-        kv_per_token = runner.kv_pool.bytes_per_token
-        w_bytes = weights_read(runner)
-        for backend in args.backends:
-            cls = get_attention_backend_class(backend)
-            runner.attn_backend = cls(
-                runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
-            )
+    runner = make_runner(shape, max(batches), context)
+    kv_per_token = runner.kv_pool.bytes_per_token
+    w_bytes = weights_read(runner)
+    for backend in backends:
+        cls = get_attention_backend_class(backend)
+        runner.attn_backend = cls(
+            runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
+        )
+        if {"on", "off"} <= set(fused_modes):
+            rel = check_fused_matches_unfused(runner, context)
+            captures[f"{shape}/{backend}"] = {"fused_vs_unfused_logits_rel_max_diff": rel}
+            print(f"{shape}/{backend}: fused vs unfused eager logits rel diff {rel:.2e}", flush=True)
+        for fused in fused_modes:
+            set_fused(fused)
             graphs = None
             if getattr(runner.attn_backend, "supports_cuda_graph", False):
-                graphs = CudaGraphRunner(runner.model, runner.attn_backend, max_bs=args.cuda_graph_max_bs)
+                graphs = CudaGraphRunner(runner.model, runner.attn_backend, max_bs=cuda_graph_max_bs)
                 graphs.capture()
-                rel = check_graph_matches_eager(runner, graphs, args.context)
-                captures[f"{shape}/{backend}"] = {
+                rel = check_graph_matches_eager(runner, graphs, context)
+                captures[f"{shape}/{backend}/fused-{fused}"] = {
                     "batch_sizes": graphs.batch_sizes,
                     "seconds": round(graphs.capture_seconds, 3),
                     "mib": round(graphs.capture_bytes / 2**20, 1),
                     "graph_vs_eager_rel_max_diff": rel,
                 }
-                print(f"{shape}/{backend}: captured {len(graphs.batch_sizes)} graphs in "
+                print(f"{shape}/{backend}/fused-{fused}: captured {len(graphs.batch_sizes)} graphs in "
                       f"{graphs.capture_seconds:.2f} s, {graphs.capture_bytes / 2**20:.0f} MiB; "
                       f"graph vs eager rel diff {rel:.2e}", flush=True)  # fmt: skip
             for cuda_graph in (False, True) if graphs is not None else (False,):
                 use_graphs(runner, graphs if cuda_graph else None)
-                for bs in args.batches:
-                    fi = decode_input(runner, bs, args.context, torch.Generator().manual_seed(bs))
+                for bs in batches:
+                    fi = decode_input(runner, bs, context, torch.Generator().manual_seed(bs))
                     step = time_steps(runner, fi)
                     gpu_ms = graph_gpu_ms(graphs, fi) if cuda_graph else None
-                    nbytes = w_bytes + bs * args.context * kv_per_token
+                    nbytes = w_bytes + bs * context * kv_per_token
                     floor = nbytes / bandwidth
                     row = {
-                        "model": shape, "backend": backend, "cuda_graph": cuda_graph, "batch": bs,
-                        "context": args.context, "step_ms": round(step * 1e3, 4),
+                        "model": shape, "backend": backend, "fused": fused == "on",
+                        "cuda_graph": cuda_graph, "batch": bs,
+                        "context": context, "step_ms": round(step * 1e3, 4),
                         "tok_s": round(bs / step, 1), "bytes_per_step": nbytes,
                         "floor_ms": round(floor * 1e3, 4), "floor_tok_s": round(bs / floor, 1),
                         "ratio": round(step / floor, 2),
@@ -217,8 +261,37 @@ def main() -> int:
             del graphs
             use_graphs(runner, None)
             torch.cuda.empty_cache()
-        del runner
-        torch.cuda.empty_cache()
+    set_fused_kernels(fused_before)
+    del runner
+    torch.cuda.empty_cache()
+    return results, captures
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--models", nargs="+", default=MODELS)
+    ap.add_argument("--backends", nargs="+", default=BACKENDS)
+    ap.add_argument("--batches", nargs="+", type=int, default=BATCHES)
+    ap.add_argument("--context", type=int, default=1024, help="KV tokens per request")
+    ap.add_argument("--cuda-graph-max-bs", type=int, default=256)
+    ap.add_argument(
+        "--fused", nargs="+", choices=["on", "off"], default=["on"],
+        help="fused CUDA layer kernels; 'on off' measures both",
+    )  # fmt: skip
+    args = ap.parse_args()
+
+    _fast_dummy_weights()
+    bandwidth = copy_bandwidth()
+    print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
+    results, captures = [], {}
+    for shape in args.models:
+        rows, caps = bench_model(
+            shape, backends=args.backends, batches=args.batches, context=args.context,
+            cuda_graph_max_bs=args.cuda_graph_max_bs, fused_modes=args.fused, bandwidth=bandwidth,
+        )  # fmt: skip
+        results += rows
+        captures.update(caps)
 
     report = {
         "benchmark": "decode_bench",
@@ -250,10 +323,10 @@ def _git_commit() -> str:
 
 def print_table(results: list[dict]) -> None:
     print(
-        f"{'model':14} {'backend':9} {'graph':5} {'batch':>5} {'step ms':>9} {'tok/s':>10} {'floor ms':>9} {'ratio':>6} {'replay ms':>9}"
+        f"{'model':14} {'backend':9} {'fused':5} {'graph':5} {'batch':>5} {'step ms':>9} {'tok/s':>10} {'floor ms':>9} {'ratio':>6} {'replay ms':>9}"
     )
     for r in results:
-        print(f"{r['model']:14} {r['backend']:9} {r['cuda_graph']!s:5} {r['batch']:>5} {r['step_ms']:>9.3f} "
+        print(f"{r['model']:14} {r['backend']:9} {r.get('fused', True)!s:5} {r['cuda_graph']!s:5} {r['batch']:>5} {r['step_ms']:>9.3f} "
               f"{r['tok_s']:>10.1f} {r['floor_ms']:>9.3f} {r['ratio']:>6.2f} {r['graph_replay_gpu_ms'] or '-':>9}")  # fmt: skip
 
 

@@ -1,14 +1,24 @@
-"""Gated activations."""
+"""Gated activations (one fused kernel on CUDA, :mod:`phloem.runtime.layers.fused_triton`)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.layers.fusion import use_fused
 
-__all__ = ["silu_and_mul"]
+__all__ = ["silu_and_mul", "silu_and_mul_ref"]
 
 
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_ref(gate_up: torch.Tensor) -> torch.Tensor:
     """SwiGLU on a fused ``[..., 2 * I]`` projection: ``silu(gate) * up`` -> ``[..., I]``."""
     gate, up = gate_up.chunk(2, dim=-1)
     return F.silu(gate) * up
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """:func:`silu_and_mul_ref`, fused into one kernel on CUDA."""
+    if use_fused(gate_up):
+        from phloem.runtime.layers import fused_triton
+
+        return fused_triton.silu_and_mul(gate_up)
+    return silu_and_mul_ref(gate_up)

@@ -1,11 +1,38 @@
-"""RMSNorm: ``x / sqrt(mean(x^2) + eps) * weight``, computed in float32."""
+"""RMSNorm: ``x / sqrt(mean(x^2) + eps) * weight``, computed in float32, optionally after a residual add.
+
+With a residual the layer is the decoder's ``norm(x, residual)`` step: ``residual = x + residual``
+(in the activation dtype, as a plain ``x + residual`` would round it), then the norm of that sum;
+both are returned, so the next sub-layer's output is added to the running sum in the next call.
+On CUDA both cases are one fused kernel (:mod:`phloem.runtime.layers.fused_triton`); the torch
+functions here are the reference and the CPU path.
+"""
 
 from __future__ import annotations
 
+from typing import overload
+
 import torch
+from phloem.runtime.layers.fusion import use_fused
 from torch import nn
 
-__all__ = ["RMSNorm"]
+__all__ = ["RMSNorm", "add_rms_norm_ref", "rms_norm_ref"]
+
+
+def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalize over the last axis; returns ``x``'s dtype."""
+    if x.dtype == torch.float32:
+        return torch.rms_norm(x, (x.shape[-1],), weight, eps)
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return (h * weight.float()).to(x.dtype)
+
+
+def add_rms_norm_ref(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual = x + residual``; returns ``(rms_norm_ref(residual), residual)``."""
+    residual = x + residual
+    return rms_norm_ref(residual, weight, eps), residual
 
 
 class RMSNorm(nn.Module):
@@ -14,10 +41,22 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize over the last axis; returns ``x``'s dtype."""
-        if x.dtype == torch.float32:
-            return torch.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (h * self.weight.float()).to(x.dtype)
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """``norm(x)``; with ``residual``, ``(norm(x + residual), x + residual)``."""
+        if use_fused(x):
+            from phloem.runtime.layers import fused_triton
+
+            if residual is None:
+                return fused_triton.rmsnorm(x, self.weight, self.eps)
+            return fused_triton.add_rmsnorm(x, residual, self.weight, self.eps)
+        if residual is None:
+            return rms_norm_ref(x, self.weight, self.eps)
+        return add_rms_norm_ref(x, residual, self.weight, self.eps)

@@ -1,7 +1,9 @@
 """Rotary position embedding (neox / HF "rotate half" layout), with Llama-3 frequency scaling.
 
 The cos/sin table covers every position up to the context length and is indexed by each token's
-absolute position, so ragged batches need no padding.
+absolute position, so ragged batches need no padding. On CUDA the rotation of q and k is one fused
+kernel that works in place (:func:`phloem.runtime.layers.fused_triton.rope_`); :func:`rope_ref`
+is the reference and the CPU path.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import math
 from typing import Any
 
 import torch
+from phloem.runtime.layers.fusion import use_fused
 from torch import nn
 
-__all__ = ["RotaryEmbedding", "rope_inv_freq"]
+__all__ = ["RotaryEmbedding", "rope_inv_freq", "rope_ref"]
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None = None) -> torch.Tensor:
@@ -59,14 +62,30 @@ class RotaryEmbedding(nn.Module):
     def apply(  # type: ignore[override]  # rotation, not nn.Module.apply
         q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate ``q`` and ``k`` with tables from :meth:`cos_sin`."""
-        cos, sin = cos_sin
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        """Rotate ``q`` and ``k`` with tables from :meth:`cos_sin`; use the returned tensors.
+
+        On CUDA (fused kernels on) ``q`` and ``k`` are rotated in place and returned; elsewhere
+        they are left as they are and new tensors are returned.
+        """
+        if use_fused(q) and q.stride(-1) == 1 and k.stride(-1) == 1:
+            from phloem.runtime.layers import fused_triton
+
+            return fused_triton.rope_(q, k, *cos_sin)
+        return rope_ref(q, k, cos_sin)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self.apply(q, k, self.cos_sin(positions))
+
+
+def rope_ref(
+    q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotated copies of ``q`` ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]`` (float32 arithmetic) with
+    tables ``[T, 1, D/2]``."""
+    cos, sin = cos_sin
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

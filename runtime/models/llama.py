@@ -70,9 +70,25 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
-    def forward(self, rope: Rope, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), attn)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None, attn: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block on the running sum ``h = x + residual`` (``residual`` is ``None`` for the
+        first layer, where ``h = x``)::
+
+            h = h + attn(norm(h))
+            h = h + mlp(norm(h))
+
+        The last add is left to the next norm (which fuses it on CUDA): returns the MLP output
+        and the residual, whose sum is the block's output.
+        """
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(rope, x, attn)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -88,9 +104,12 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, H]
         rope = self.rotary.cos_sin(positions)  # shared by every layer
+        residual = None
         for layer in self.layers:
-            x = layer(rope, x, attn)
-        return self.norm(x)
+            x, residual = layer(rope, x, residual, attn)
+        if residual is None:  # no layers
+            return self.norm(x)
+        return self.norm(x, residual)[0]
 
 
 # checkpoint name -> (fused parameter prefix, part) for the stacked projections

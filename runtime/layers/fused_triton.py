@@ -1,0 +1,205 @@
+"""Fused Triton kernels for the CUDA decoder layer: residual add + RMSNorm, SiLU x mul, RoPE.
+
+Each kernel does in one launch what the torch reference next to its layer does in several
+(``rmsnorm.py``, ``activation.py``, ``rotary.py``): at decode sizes the time goes to kernel count,
+not to bytes. The arithmetic is the reference's, in float32, rounded to the tensor dtype where the
+reference rounds, so the two agree to rounding. What one call computes, as plain loops::
+
+    add_rmsnorm (rmsnorm: the same without the residual; rows = every leading index):
+        for t in rows:
+            r = (x[t] + residual[t]).to(dtype)                  # new residual, stored
+            normed[t] = (r * rsqrt(mean(r^2) + eps) * w).to(dtype)
+
+    silu_and_mul (gate_up = [gate | up], [T, 2I]):
+        for t, i in rows x range(I):
+            s = silu(gate[t, i]).to(dtype)
+            out[t, i] = (s * up[t, i]).to(dtype)
+
+    rope_ (in place; neox "rotate half" layout, D = head_dim, c = D // 2):
+        for t, h in tokens x (q heads, then k heads):
+            x1, x2 = x[t, h, :c], x[t, h, c:]
+            x[t, h] = cat(x1 * cos[t] - x2 * sin[t], x2 * cos[t] + x1 * sin[t]).to(dtype)
+
+Grids depend on shapes only and no launch reads device data on the host, so all three can be
+captured in a CUDA graph. Inputs must have a contiguous last axis (other strides are free).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["add_rmsnorm", "rmsnorm", "rope_", "silu_and_mul"]
+
+
+@triton.jit
+def _rmsnorm_kernel(
+    x_ptr, res_ptr, out_ptr, res_out_ptr, w_ptr,
+    stride_x, stride_res, stride_out, stride_res_out,
+    n_cols, eps,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):  # fmt: skip
+    # grid: (rows,)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    x = tl.load(x_ptr + row * stride_x + offs, mask=mask, other=0.0)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * stride_res + offs, mask=mask, other=0.0)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * stride_res_out + offs, x, mask=mask)
+    h = x.to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(h * h, axis=0) / n_cols + eps)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + offs, (h * rstd * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, n_cols, BLOCK: tl.constexpr):
+    # grid: (rows, cdiv(n_cols, BLOCK)); n_cols = I, the up half starts at column I
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < n_cols
+    base = gate_up_ptr + row * stride_in
+    gate = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(base + n_cols + offs, mask=mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)  # rounded, as torch's silu
+    tl.store(out_ptr + row * stride_out + offs, (silu * up).to(dtype), mask=mask)
+
+
+@triton.jit
+def _rotate_heads(base, stride_h, cos, sin, offs_d, d_mask, N_HEADS: tl.constexpr, HALF: tl.constexpr,
+                  BLOCK_H: tl.constexpr):  # fmt: skip
+    """Rotate heads ``0 .. N_HEADS`` of one token in place; ``cos``/``sin``: ``[1, BLOCK_HALF]``."""
+    offs_h = tl.arange(0, BLOCK_H)
+    mask = (offs_h < N_HEADS)[:, None] & d_mask[None, :]
+    lo = base + offs_h[:, None] * stride_h + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
+    x1 = tl.load(lo, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(lo + HALF, mask=mask, other=0.0).to(tl.float32)
+    dtype = base.dtype.element_ty
+    tl.store(lo, (x1 * cos - x2 * sin).to(dtype), mask=mask)
+    tl.store(lo + HALF, (x2 * cos + x1 * sin).to(dtype), mask=mask)
+
+
+@triton.jit
+def _rope_kernel(
+    q_ptr, k_ptr, cos_ptr, sin_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos, stride_sin,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    # grid: (tokens,); one program rotates every q and k head of its token
+    t = tl.program_id(0).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    cos = tl.load(cos_ptr + t * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + t * stride_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    _rotate_heads(q_ptr + t * stride_qt, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ)
+    _rotate_heads(k_ptr + t * stride_kt, stride_kh, cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK)
+
+
+# ---- launchers --------------------------------------------------------------------------------
+SILU_BLOCK = 1024  # columns per program of the SiLU kernel (16-byte accesses for 16-bit dtypes)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` as ``[rows, last]`` with a contiguous last axis (a view when the strides allow)."""
+    x2 = x.reshape(-1, x.shape[-1])
+    return x2 if x2.stride(-1) == 1 else x2.contiguous()
+
+
+def _norm_warps(block: int) -> int:
+    return 4 if block <= 1024 else 8 if block <= 4096 else 16
+
+
+def _launch_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    n = x.shape[-1]
+    if weight.shape != (n,):
+        raise ValueError(f"weight of shape {tuple(weight.shape)} for rows of {n}")
+    x2 = _rows(x)
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    res_out = torch.empty_like(out) if residual is not None else None
+    if x2.shape[0] == 0:
+        return out, res_out
+    r2 = _rows(residual) if residual is not None else x2
+    block = triton.next_power_of_2(n)
+    _rmsnorm_kernel[(x2.shape[0],)](
+        x2, r2, out, res_out if res_out is not None else out, weight,
+        x2.stride(0), r2.stride(0), n, n,
+        n, eps,
+        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_norm_warps(block),
+    )  # fmt: skip
+    return out, res_out
+
+
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm over the last axis of ``x`` ``[..., N]`` with ``weight`` ``[N]``; a new tensor of
+    ``x``'s shape and dtype (float32 arithmetic)."""
+    return _launch_norm(x, None, weight, eps)[0]
+
+
+def add_rmsnorm(
+    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``residual = x + residual`` (rounded to the dtype), then RMSNorm of it: ``(normed, residual)``.
+
+    Both results are new tensors of ``x``'s shape and dtype; the inputs are left as they are.
+
+    Raises
+    ------
+    ValueError
+        If ``x`` and ``residual`` differ in shape or dtype.
+    """
+    if x.shape != residual.shape or x.dtype != residual.dtype:
+        raise ValueError(
+            f"x {tuple(x.shape)} {x.dtype} and residual {tuple(residual.shape)} {residual.dtype} differ"
+        )
+    out, res_out = _launch_norm(x, residual, weight, eps)
+    assert res_out is not None
+    return out, res_out
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """SwiGLU on a fused ``[..., 2 * I]`` projection: ``silu(gate) * up`` -> new ``[..., I]``."""
+    width = gate_up.shape[-1] // 2
+    x2 = _rows(gate_up)
+    out = torch.empty((*gate_up.shape[:-1], width), dtype=gate_up.dtype, device=gate_up.device)
+    if x2.shape[0] and width:
+        block = min(SILU_BLOCK, triton.next_power_of_2(width))
+        grid = (x2.shape[0], triton.cdiv(width, block))
+        _silu_and_mul_kernel[grid](x2, out, x2.stride(0), width, width, BLOCK=block, num_warps=4)
+    return out
+
+
+def rope_(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate ``q`` ``[T, Hq, D]`` and ``k`` ``[T, Hk, D]`` in place; returns them.
+
+    ``cos``, ``sin``: the tables of the tokens' positions, ``[T, D/2]`` or ``[T, 1, D/2]`` (any
+    float dtype; read as float32). ``q`` and ``k`` may be strided views (e.g. of one fused qkv
+    projection) as long as each head's ``D`` values are contiguous.
+    """
+    t, num_q, dim = q.shape
+    num_k = k.shape[1]
+    half = dim // 2
+    if k.shape[0] != t or k.shape[2] != dim or dim % 2:
+        raise ValueError(f"q {tuple(q.shape)} and k {tuple(k.shape)}: need [T, H, D] with D even")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or cos.stride(-1) != 1 or sin.stride(-1) != 1:
+        raise ValueError("rope_ needs a contiguous last axis on q, k, cos and sin")
+    if cos.shape[0] != t or cos.shape[-1] != half or sin.shape != cos.shape:
+        raise ValueError(f"cos/sin {tuple(cos.shape)} do not match {t} tokens of head_dim {dim}")
+    if t == 0:
+        return q, k
+    _rope_kernel[(t,)](
+        q, k, cos, sin,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0), sin.stride(0),
+        NUM_Q_HEADS=num_q, NUM_K_HEADS=num_k, HALF=half,
+        BLOCK_HQ=triton.next_power_of_2(num_q), BLOCK_HK=triton.next_power_of_2(num_k),
+        BLOCK_HALF=triton.next_power_of_2(half), num_warps=4,
+    )  # fmt: skip
+    return q, k

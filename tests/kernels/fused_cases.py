@@ -1,0 +1,149 @@
+"""Fused layer kernels against their torch references on fresh random inputs.
+
+Shared by ``test_fused_triton.py`` (compiled kernels on CUDA) and, run as a script, by Triton's
+CPU interpreter (``python -m tests.kernels.fused_cases`` with ``TRITON_INTERPRET=1``; the test
+starts it in a child process because the switch must be set before Triton is imported). Each
+check runs the fused kernel first, on fresh inputs, then the reference, so an output the kernel
+failed to write cannot hold the reference's values.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+# ||fused - ref|| / ||ref||; both round to the dtype, so the gap is a few last-place differences
+REL_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+# Triton's interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest even: there,
+# bf16 results get a looser bound and x + residual is not compared bit for bit.
+INTERPRETER_BF16_TOL = 2e-2
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# rows x hidden; decode-like (1, 64, 256 rows) at SmolLM2-135M and Llama-3-8B widths, plus ragged
+NORM_SHAPES = [(1, 576), (64, 576), (256, 576), (1, 4096), (64, 4096), (256, 4096), (7, 1000), (3, 8192)]
+SILU_SHAPES = [(1, 1536), (64, 1536), (256, 1536), (1, 14336), (64, 14336), (9, 1000)]  # rows x I
+# tokens, q heads, k heads, head dim
+ROPE_SHAPES = [(1, 9, 3, 64), (64, 9, 3, 64), (256, 9, 3, 64), (1, 32, 8, 128), (64, 32, 8, 128),
+               (13, 16, 2, 128), (5, 4, 4, 32)]  # fmt: skip
+# Small enough for the interpreter
+SMALL_NORM_SHAPES = [(1, 64), (5, 100)]
+SMALL_SILU_SHAPES = [(1, 96), (4, 70), (2, 1100)]
+SMALL_ROPE_SHAPES = [(3, 4, 2, 16), (2, 9, 3, 64)]
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out64, ref64 = out.double(), ref.double()
+    return float((out64 - ref64).norm() / ref64.norm().clamp_min(1e-30))
+
+
+def _interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def _check(name: str, out: torch.Tensor, ref: torch.Tensor) -> float:
+    assert out.shape == ref.shape and out.dtype == ref.dtype, (
+        f"{name}: {out.shape} {out.dtype} vs {ref.shape}"
+    )
+    assert bool(torch.isfinite(out).all()), f"{name}: non-finite output (unwritten elements?)"
+    err = rel_err(out, ref)
+    tol = INTERPRETER_BF16_TOL if ref.dtype == torch.bfloat16 and _interpreted() else REL_TOL[ref.dtype]
+    assert err <= tol, f"{name}: rel err {err:.2e} > {tol:.0e}"
+    return err
+
+
+def check_rmsnorm(shape: tuple[int, int], dtype: torch.dtype, device: str, seed: int) -> float:
+    """Plain and residual RMSNorm on ``[rows, hidden]``, and plain RMSNorm over the heads of a
+    strided ``[rows, 3, hidden / 3]``-like view (the q/k norm case); returns the worst error."""
+    from phloem.runtime.layers import fused_triton
+    from phloem.runtime.layers.rmsnorm import add_rms_norm_ref, rms_norm_ref
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows, hidden = shape
+
+    def randn(*size: int) -> torch.Tensor:
+        return torch.randn(size, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+    x, residual = randn(rows, hidden), randn(rows, hidden) * 4
+    weight = 1 + 0.3 * randn(hidden)
+    eps = 1e-5 if seed % 2 else 1e-6
+    errs = []
+    out = fused_triton.rmsnorm(x, weight, eps)
+    errs.append(_check("rmsnorm", out, rms_norm_ref(x, weight, eps)))
+    x_before, res_before = x.clone(), residual.clone()
+    out, new_res = fused_triton.add_rmsnorm(x, residual, weight, eps)
+    ref, ref_res = add_rms_norm_ref(x, residual, weight, eps)
+    assert torch.equal(x, x_before) and torch.equal(residual, res_before), "add_rmsnorm changed its inputs"
+    if dtype != torch.bfloat16 or not _interpreted():  # x + residual rounds the same way everywhere
+        assert torch.equal(new_res, ref_res), "add_rmsnorm: residual differs from x + residual"
+    else:
+        errs.append(_check("add_rmsnorm residual", new_res, ref_res))
+    errs.append(_check("add_rmsnorm", out, ref))
+    # per-head norm on a strided view: q of a fused [rows, (heads + 2) * dim] projection
+    heads, dim = 3, max(16, hidden // 8)
+    qkv = randn(rows, (heads + 2) * dim)
+    q = qkv[:, : heads * dim].view(rows, heads, dim)
+    head_w = 1 + 0.3 * randn(dim)
+    errs.append(_check("rmsnorm heads", fused_triton.rmsnorm(q, head_w, eps), rms_norm_ref(q, head_w, eps)))
+    return max(errs)
+
+
+def check_silu_and_mul(shape: tuple[int, int], dtype: torch.dtype, device: str, seed: int) -> float:
+    from phloem.runtime.layers import fused_triton
+    from phloem.runtime.layers.activation import silu_and_mul_ref
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    rows, width = shape
+    gate_up = (torch.randn((rows, 2 * width), generator=gen, device=device) * 3).to(dtype)
+    out = fused_triton.silu_and_mul(gate_up)
+    return _check("silu_and_mul", out, silu_and_mul_ref(gate_up))
+
+
+def check_rope(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int) -> float:
+    """In-place RoPE on q and k as strided views of one fused qkv tensor; v must stay untouched."""
+    from phloem.runtime.layers import fused_triton
+    from phloem.runtime.layers.rotary import RotaryEmbedding, rope_ref
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    t, hq, hk, dim = shape
+    rotary = RotaryEmbedding(dim, 8192, 10000.0).to(device)
+    positions = torch.randint(0, 8192, (t,), generator=gen, device=device)
+    cos_sin = rotary.cos_sin(positions)  # [T, 1, D/2] float32 each
+    qkv = torch.randn((t, (hq + 2 * hk) * dim), generator=gen, device=device).to(dtype)
+    q, k, v = qkv.split([hq * dim, hk * dim, hk * dim], dim=-1)
+    q, k = q.view(t, hq, dim), k.view(t, hk, dim)  # [T, H, D], row stride (hq + 2 hk) * dim
+    ref_q, ref_k = rope_ref(q.clone(), k.clone(), cos_sin)
+    v_before = v.clone()
+    out_q, out_k = fused_triton.rope_(q, k, *cos_sin)
+    assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr(), "rope_ is not in place"
+    assert torch.equal(v, v_before), "rope_ wrote outside q and k"
+    return max(_check("rope q", q, ref_q), _check("rope k", k, ref_k))
+
+
+def run_small(dtypes: dict[str, torch.dtype], device: str = "cpu") -> int:
+    """Every small case in ``dtypes``; prints one line per case, returns the number of failures."""
+    cases = [
+        *(("rmsnorm", check_rmsnorm, s) for s in SMALL_NORM_SHAPES),
+        *(("silu_and_mul", check_silu_and_mul, s) for s in SMALL_SILU_SHAPES),
+        *(("rope", check_rope, s) for s in SMALL_ROPE_SHAPES),
+    ]
+    failures = 0
+    for name, check, shape in cases:
+        for dtype_name, dtype in dtypes.items():
+            try:
+                err = check(shape, dtype, device, 3)  # type: ignore[operator]
+                print(f"ok   {name} {shape} {dtype_name} rel_err={err:.2e}")
+            except AssertionError as exc:
+                failures += 1
+                print(f"FAIL {name} {shape} {dtype_name}: {exc}")
+    return failures
+
+
+def main() -> int:
+    os.environ["TRITON_INTERPRET"] = "1"  # before the kernels' module imports triton
+    return 1 if run_small(DTYPES, "cpu") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
