@@ -18,6 +18,7 @@ import torch
 from phloem.runtime.executor.forward_io import ForwardMode
 
 if TYPE_CHECKING:
+    from phloem.runtime.cache.host_pool import LayerReadiness
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
     from phloem.runtime.executor.forward_io import ForwardInput
 
@@ -34,6 +35,10 @@ class AttentionBackend(ABC):
     num_heads:
         Query heads (the pool knows the KV heads and head size).
     """
+
+    # Set by the model runner for the forward pass of a batch whose cached prefix is still arriving
+    # from the host tier, layer by layer (``LayerwiseLoader``); ``None`` when nothing is pending.
+    layer_ready: LayerReadiness | None = None
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, *, num_heads: int) -> None:
         self.kv_pool = kv_pool
@@ -52,6 +57,8 @@ class AttentionBackend(ABC):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         """Attention of layer ``layer`` for the current batch; writes ``k``/``v`` at ``out_slots``."""
+        if self.layer_ready is not None:
+            self.layer_ready.wait(layer)  # this layer's loaded KV is in the pool before we read or write it
         if self.mode == ForwardMode.DECODE:
             return self.forward_decode(q, k, v, layer)
         if self.mode == ForwardMode.EXTEND:

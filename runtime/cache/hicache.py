@@ -4,7 +4,9 @@ The radix tree records where each node's KV lives (device, host or both); this c
 between tiers and decides when. The ``CacheManager`` calls it at fixed points of a request's life:
 
     match      poll finished storage prefetches into the host tier; look up pages past the tree's match
-    load       host-only nodes of a matched path -> fresh device slots (before the request locks them)
+    load       host-only nodes of a matched path -> fresh device slots (before the request locks them);
+               on CUDA the copy is staged at once and lands layer by layer during the forward pass
+               of the next batch launched, which waits for layer l before its attention of layer l
     acquire    count a hit on the path (write_through_selective backs up at the second hit)
     insert     after a request's tokens enter the tree (write_through backs up at the first hit)
     evict      a device leaf without a host copy: write_back backs it up, the others drop it
@@ -28,6 +30,8 @@ says how long a request waits for it:
 
 Threads: the tree, pools and counters are touched only on the caller's (scheduler) thread; storage
 reads run on a prefetch thread and return page tensors, inserted by ``poll`` on the caller's thread.
+Device KV whose load has not landed yet is never copied back to the host or to storage (the copier
+says which slots are ``landing``; such a backup is skipped).
 """
 
 from __future__ import annotations
@@ -203,6 +207,8 @@ class HiCacheController:
         """Copy a device node to fresh host slots (evicting host-only leaves if needed) and send its
         full pages to storage. False, with nothing changed, when the host pool cannot hold it."""
         assert node.value is not None and node.host_value is None
+        if self.copier.landing(node.value):  # its KV is still on the way from the host
+            return False
         slots = self.alloc_host(len(node.key))
         if slots is None:
             return False
@@ -226,7 +232,10 @@ class HiCacheController:
 
     def load(self, nodes: Sequence[Node], dev_slots: torch.Tensor) -> tuple[int, int]:
         """Copy host-only ``nodes`` (a path, top first) into ``dev_slots`` and make them
-        device-resident. Returns ``(tokens from host, tokens that came from storage)``."""
+        device-resident. Returns ``(tokens from host, tokens that came from storage)``.
+
+        The KV is visible to every forward pass launched after this call (on CUDA with a model
+        runner: it lands during the first one, see ``host_pool.LayerwiseLoader``)."""
         host_slots = torch.cat([n.host_value for n in nodes])  # type: ignore[misc]
         assert host_slots.numel() == dev_slots.numel()
         self.copier.to_device(self.host_pool, host_slots, self.device_pool, dev_slots)
@@ -260,6 +269,8 @@ class HiCacheController:
         if first >= last:
             return
         path = self.tree.path_to(node)
+        if any(n.host_value is None and n.value is not None and self.copier.landing(n.value) for n in path):
+            return  # _gather would read device KV that has not landed yet
         tokens = [t for n in path for t in n.key]
         keys = page_hashes(tokens, page_size=size, namespace=self._namespace(node.extra_key), limit=last)
         for i in range(first, last):
@@ -381,6 +392,7 @@ class HiCacheController:
             return
         k = torch.cat([p[0] for p in pages], dim=1)
         v = torch.cat([p[1] for p in pages], dim=1)
+        self.copier.wait_host_reads()  # the slots may have just been freed under a copy still reading them
         self.host_pool.write(slots, k, v)
         present = self.tree.insert_host(key, slots, offset=op.start, extra_key=op.extra_key)
         if present is None:
@@ -403,6 +415,7 @@ class HiCacheController:
         """The tree was reset: every host slot is free again; running prefetches are forgotten."""
         self.host_pool.allocator.reset()
         self._ops.clear()
+        self.copier.reset()
 
     def integrity_problems(self) -> list[str]:
         """Faults of the host tier: host free + host-resident == host total, no slot free and in the

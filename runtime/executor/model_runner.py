@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from phloem.runtime.attention.registry import get_attention_backend_class, resolve_attention_backend
+from phloem.runtime.cache.host_pool import KVLoad, LayerReadiness, LayerwiseLoader
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
 from phloem.runtime.executor.forward_io import (
     ForwardInput,
@@ -136,6 +137,9 @@ class ModelRunner:
             max_running_requests or min(256, max(1, self.max_total_num_tokens // 2))
         )
         self.kv_pool = self._make_kv_pool()
+        # On CUDA, host-tier KV loads into the pool land layer by layer inside the forward pass of
+        # the batch that reads them (``forward(kv_loads=...)``); on the CPU they are plain copies.
+        self.kv_loader = LayerwiseLoader.register(self.kv_pool) if self.device.type == "cuda" else None
         self.req_to_token_pool = ReqToTokenPool(self.max_running_requests, self.context_len, self.device)
         if deterministic:
             from phloem.runtime.attention.batch_invariant import BatchInvariantBackend
@@ -258,17 +262,25 @@ class ModelRunner:
 
     # ---- forward ------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, fi: ForwardInput) -> ForwardOutput:
+    def forward(self, fi: ForwardInput, kv_loads: Sequence[KVLoad] = ()) -> ForwardOutput:
         """Run one batch and sample one token per request.
 
         Writes the batch's K/V into ``kv_pool`` at ``fi.out_slots``. Logits are computed for each
         request's last new token, plus, for requests with an input-logprob start, the rows needed
-        for those logprobs. ``next_token_ids`` stays on the device.
+        for those logprobs. ``next_token_ids`` stays on the device. ``kv_loads``: host-tier KV
+        staged for this batch (``LayerwiseLoader.take``); it lands during the pass, layer by layer.
         """
+        ready = self._start_loads(kv_loads)
         host = fi
         dev = fi if self.device.type == "cpu" else fi.to(self.device)
         plan = self._logit_rows(host)
-        logits, hidden = self._logits(dev, plan)  # [N, V] float32, [T, H] or None
+        self.attn_backend.layer_ready = ready
+        try:
+            logits, hidden = self._logits(dev, plan)  # [N, V] float32, [T, H] or None
+        finally:
+            self.attn_backend.layer_ready = None
+            if ready is not None:
+                ready.finish()  # every load of this batch is in the pool before anything after it
         last = (
             logits
             if plan.rows.numel() == host.batch_size and not plan.starts
@@ -290,11 +302,20 @@ class ModelRunner:
         dev = fi if self.device.type == "cpu" else fi.to(self.device)
         return self._logits(dev, plan)[0][plan.last.to(self.device)]
 
+    def _start_loads(self, loads: Sequence[KVLoad]) -> LayerReadiness | None:
+        if not loads:
+            return None
+        if self.kv_loader is None:
+            raise RuntimeError("KV loads were handed to a model runner that has no layer-wise loader")
+        return self.kv_loader.start(loads)
+
     def _logits(self, fi: ForwardInput, plan: _LogitRows) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the planned rows, and the final hidden states of every new token (``None``
         from a CUDA graph replay, which callers asking for hidden states never take)."""
         graph_ok = not plan.starts and not fi.return_hidden_states
         if self.cuda_graphs is not None and graph_ok and self.cuda_graphs.can_run(fi):
+            if self.attn_backend.layer_ready is not None:
+                self.attn_backend.layer_ready.wait_all()  # a replay has no per-layer waits
             return self.cuda_graphs.replay(fi), None  # [B, V], valid until the next replay
         self.attn_backend.init_metadata(fi)
         hidden = self.model(fi.input_ids, fi.positions, self.attn_backend)  # [T, H]

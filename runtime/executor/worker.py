@@ -8,16 +8,24 @@ so by the time step N+1 resolves its futures, step N has stored them.
 On a GPU the same contract maps to a CUDA stream (the future buffer lives on the device and the
 resolve is a ``torch.where``); on the CPU the thread gives the overlap: the scheduler does its
 bookkeeping while the thread runs the model.
+
+Host-tier KV loads (CUDA): the hierarchical cache stages them on the runner's ``kv_loader`` while
+the scheduler admits requests; ``submit`` takes every load staged since the previous ``submit`` and
+hands it to this step's forward pass, which lands it layer by layer. Taking them at submit, on the
+scheduler thread, ties each load to the first step launched after it was staged, never to a step
+launched before it (which may still read the slots the load reuses).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
 import torch
+from phloem.runtime.cache.host_pool import KVLoad
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput
 
 
@@ -52,18 +60,24 @@ class InlineWorker:
     def __init__(self, runner: Any, future_map: FutureMap) -> None:
         self.runner = runner
         self.future_map = future_map
+        self.kv_loader = getattr(runner, "kv_loader", None)  # LayerwiseLoader on CUDA, else None
 
     def submit(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> Future[ForwardOutput]:
         fut: Future[ForwardOutput] = Future()
         try:
-            fut.set_result(self._run(fi, future_ids))
+            fut.set_result(self._run(fi, future_ids, self._take_loads()))
         except BaseException as e:  # surfaced to the scheduler through the future
             fut.set_exception(e)
         return fut
 
-    def _run(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> ForwardOutput:
+    def _take_loads(self) -> list[KVLoad]:
+        return self.kv_loader.take() if self.kv_loader is not None else []
+
+    def _run(
+        self, fi: ForwardInput, future_ids: torch.Tensor | None, loads: Sequence[KVLoad]
+    ) -> ForwardOutput:
         fi.input_ids = self.future_map.resolve(fi.input_ids)
-        out = self.runner.forward(fi)
+        out = self.runner.forward(fi, kv_loads=loads) if loads else self.runner.forward(fi)
         if future_ids is not None:
             self.future_map.store(future_ids, out.next_token_ids)
         return out
@@ -83,7 +97,7 @@ class OverlapWorker(InlineWorker):
 
     def submit(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> Future[ForwardOutput]:
         fut: Future[ForwardOutput] = Future()
-        self._q.put((fi, future_ids, fut))
+        self._q.put((fi, future_ids, self._take_loads(), fut))
         return fut
 
     def _loop(self) -> None:
@@ -91,9 +105,9 @@ class OverlapWorker(InlineWorker):
             item = self._q.get()
             if item is None:
                 return
-            fi, future_ids, fut = item
+            fi, future_ids, loads, fut = item
             try:
-                fut.set_result(self._run(fi, future_ids))
+                fut.set_result(self._run(fi, future_ids, loads))
             except BaseException as e:
                 fut.set_exception(e)
 

@@ -355,13 +355,14 @@ def test_prefetch_policies(tmp_path, policy):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("policy", ["write_through", "write_back"])
 def test_cuda_pool_round_trips_through_pinned_host_memory(policy):
-    from phloem.runtime.cache.host_pool import CudaStreamCopier
+    from phloem.runtime.cache.host_pool import CudaStreamCopier, make_copier
 
     s = Setup(device=64, host=256, policy=policy)
     s.pool = KVPool(LAYERS, 65, HEADS, DIM, torch.float32, "cuda")
     s.host = HostKVPool.like(s.pool, 256, check=True)
     s.hc.device_pool, s.hc.host_pool = s.pool, s.host
-    s.hc.copier = CudaStreamCopier(s.pool.device)
+    s.hc.copier = make_copier(s.pool)  # no model runner registered a loader: loads land at once
+    assert isinstance(s.hc.copier, CudaStreamCopier) and not s.hc.copier.deferred
     assert s.host.k_buffer[0].is_pinned()
     a = seq(100, 40)
     s.run(a)

@@ -4,6 +4,10 @@ The fake model writes (token id, position) as each token's K and V, and its next
 of every K and V of the row: a prefix loaded back from the host with a wrong or stale KV changes the
 output. Multi-turn sessions whose contexts exceed the tiny device pool must then report host hits
 and produce exactly the tokens of a run without the hierarchical cache.
+
+``layerwise`` runs the CUDA copier's path on the CPU (stand-in streams): loads are only staged when a
+request is admitted and land when the worker hands them to the next forward pass, so a load handed
+to the wrong step, or never, shows up as a wrong KV.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import torch
 from phloem.runtime.cache.allocator import TokenSlotAllocator
 from phloem.runtime.cache.cache_manager import CacheManager
 from phloem.runtime.cache.hicache import HiCacheConfig, HiCacheController
-from phloem.runtime.cache.host_pool import HostKVPool
+from phloem.runtime.cache.host_pool import CudaStreamCopier, HostKVPool, LayerwiseLoader
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
 from phloem.runtime.cache.radix_tree import RadixTree
 from phloem.runtime.executor.forward_io import ForwardOutput
@@ -25,6 +29,8 @@ from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.req import Req
 from phloem.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
+from tests.unit.test_hicache_layerwise import FakeStreams
+
 VOCAB = 64
 EOS = 1
 
@@ -32,10 +38,14 @@ EOS = 1
 class KVReadingRunner:
     """Writes K = token id, V = position for every new token; the next token hashes the whole row."""
 
-    def __init__(self, pool: KVPool, rows: ReqToTokenPool) -> None:
-        self.pool, self.rows = pool, rows
+    def __init__(self, pool: KVPool, rows: ReqToTokenPool, kv_loader: LayerwiseLoader | None = None) -> None:
+        self.pool, self.rows, self.kv_loader = pool, rows, kv_loader
+        self.loads_started = 0
 
-    def forward(self, fi) -> ForwardOutput:
+    def forward(self, fi, kv_loads=()) -> ForwardOutput:
+        if kv_loads:  # this fake reads every layer at once
+            self.kv_loader.start(kv_loads).finish()
+            self.loads_started += len(kv_loads)
         assert (fi.input_ids >= 0).all() and (fi.out_slots > 0).all()
         ids = fi.input_ids.to(torch.float32)[:, None, None]
         self.pool.set_kv(0, fi.out_slots, ids, fi.positions.to(torch.float32)[:, None, None])
@@ -53,16 +63,29 @@ class KVReadingRunner:
 
 class Harness:
     def __init__(
-        self, *, pool: int, overlap: bool, hicache: str | None, chunk: int | None = None, max_running: int = 8
+        self,
+        *,
+        pool: int,
+        overlap: bool,
+        hicache: str | None,
+        chunk: int | None = None,
+        max_running: int = 8,
+        layerwise: bool = False,
     ) -> None:
         self.kv = KVPool(1, pool + 1, 1, 1, torch.float32, "cpu")
         self.rows = ReqToTokenPool(max_running, 4096, "cpu")
         tree = RadixTree()
         hc = None
+        self.loader = LayerwiseLoader(self.kv, streams=FakeStreams()) if layerwise else None
         if hicache is not None:
             host = HostKVPool.like(self.kv, 2 * pool, check=True)
+            copier = CudaStreamCopier(self.loader, deferred=True) if self.loader is not None else None
             hc = HiCacheController(
-                tree=tree, device_pool=self.kv, host_pool=host, config=HiCacheConfig(write_policy=hicache)
+                tree=tree,
+                device_pool=self.kv,
+                host_pool=host,
+                config=HiCacheConfig(write_policy=hicache),
+                copier=copier,
             )
         self.cache = CacheManager(
             allocator=TokenSlotAllocator(pool + 1, check=True),
@@ -71,7 +94,7 @@ class Harness:
             hicache=hc,
         )
         fmap = FutureMap(4 * max_running + 8)
-        runner = KVReadingRunner(self.kv, self.rows)
+        self.runner = runner = KVReadingRunner(self.kv, self.rows, self.loader)
         worker = OverlapWorker(runner, fmap) if overlap else InlineWorker(runner, fmap)
         self.sent = []
         cfg = SchedulerConfig(
@@ -132,13 +155,16 @@ def chat(h: Harness, *, sessions: int = 4, turns: int = 4, system: int = 70) -> 
     return reqs
 
 
+@pytest.mark.parametrize("layerwise", [False, True], ids=["plain", "layerwise"])
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])
-def test_multi_turn_sessions_hit_the_host_tier_and_match_a_run_without_it(overlap, policy):
+def test_multi_turn_sessions_hit_the_host_tier_and_match_a_run_without_it(overlap, policy, layerwise):
     baseline = Harness(pool=256, overlap=overlap, hicache=None)
     chat(baseline)
-    h = Harness(pool=256, overlap=overlap, hicache=policy)
+    h = Harness(pool=256, overlap=overlap, hicache=policy, layerwise=layerwise)
     reqs = chat(h)
+    if layerwise:
+        assert h.runner.loads_started > 0 and h.loader.take() == []
     assert h.outputs() == baseline.outputs()
     later = [r for rid, r in reqs.items() if not rid.endswith("t0")]
     host_hits = sum(r.cached_tokens_details["host"] for r in later)
@@ -160,8 +186,9 @@ def test_chunked_prefill_with_host_hits_matches():
     assert h.s.live_stats()["hicache_host_hit_tokens"] > 0
 
 
-def test_concurrent_sessions_with_retraction_keep_every_tier_consistent():
-    h = Harness(pool=200, overlap=True, hicache="write_back", max_running=8)
+@pytest.mark.parametrize("layerwise", [False, True], ids=["plain", "layerwise"])
+def test_concurrent_sessions_with_retraction_keep_every_tier_consistent(layerwise):
+    h = Harness(pool=200, overlap=True, hicache="write_back", max_running=8, layerwise=layerwise)
     base = Harness(pool=200, overlap=True, hicache=None, max_running=8)
     for harness in (h, base):
         for t in range(3):
