@@ -89,7 +89,12 @@ def cmd_train_eagle(ns: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ns = build_parser().parse_args(argv)
+    args = sys.argv[1:] if argv is None else argv
+    if args and args[0] in ("bench", "train-eagle"):
+        # these own their flags: argparse's REMAINDER refuses a remainder that starts with an option
+        ns = argparse.Namespace(command=args[0], rest=args[1:])
+    else:
+        ns = build_parser().parse_args(args)
     handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench, "train-eagle": cmd_train_eagle}
     try:
         return handlers[ns.command](ns)

@@ -347,7 +347,8 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
 
     source = resolve_model(args.target, args.load_format)
     runner = ModelRunner(source, dtype="float32", device=args.device, attention_backend="auto",
-                         max_total_tokens=1 << 15, max_running_requests=64)  # fmt: skip
+                         max_total_tokens=max(1 << 15, cfg.gen_batch * (cfg.max_new_tokens + 256)),
+                         max_running_requests=max(64, cfg.gen_batch))  # fmt: skip
     texts = read_prompts(args.prompts)
     prompts, stop_ids = _tokenized_prompts(source, texts, runner.vocab_size, cfg)
     if args.tiny:

@@ -53,11 +53,13 @@ def test_mixed_prompts_are_distinct_seeded_and_avoid_the_heldout_set():
     assert not set(a) & set(read_prompts(DEFAULT_PROMPTS)[:12])
 
 
-def test_tiny_training_run_with_mixed_prompts(tmp_path):
+def test_cli_tiny_training_run_with_mixed_prompts(tmp_path):
     torch.set_num_threads(1)
     out = str(tmp_path / "head.safetensors")
+    from phloem.cli import main
+
     argv = ["--target", "tiny-llama", "--load-format", "dummy", "--out", out, "--tiny", "--mixed-prompts", "6"]
-    assert train_eagle_main(argv) == 0
+    assert main(["train-eagle", *argv]) == 0  # through the command line, flags first
     from safetensors import safe_open
 
     with safe_open(out, framework="pt") as f:
