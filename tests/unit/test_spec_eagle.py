@@ -7,9 +7,7 @@ import copy
 
 import pytest
 import torch
-from phloem.runtime.executor.dummy import init_dummy_weights
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
-from phloem.runtime.model_files import ModelSource
 from phloem.runtime.speculative.decoding import EagleDrafter, SpeculativeDecoder
 from phloem.runtime.speculative.eagle import (
     EagleConfig,
@@ -20,6 +18,8 @@ from phloem.runtime.speculative.eagle import (
     save_eagle_head,
 )
 from phloem.runtime.speculative.tree import DraftTree
+
+from tests.unit.tiny_model import tiny_runner
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -32,10 +32,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    r = ModelRunner(ModelSource("dummy", "tiny-llama"), dtype="float32", device="cpu",
-                    max_total_tokens=4096, max_running_requests=8)  # fmt: skip
-    init_dummy_weights(r.model, seed=1, std=0.2)
-    return r
+    return tiny_runner(1)
 
 
 def make_head(runner: ModelRunner, *, draft_vocab: int | None = None, seed: int = 0) -> EagleHead:

@@ -7,14 +7,14 @@ import pytest
 import torch
 from phloem.grammars.bitmask import unpack_bitmask
 from phloem.runtime.cache.allocator import TokenSlotAllocator
-from phloem.runtime.executor.dummy import init_dummy_weights
 from phloem.runtime.executor.model_runner import ModelRunner
-from phloem.runtime.model_files import ModelSource
 from phloem.runtime.speculative.decoding import NgramDrafter, target_forward
 from phloem.runtime.speculative.grammar import tree_bitmask
 from phloem.runtime.speculative.ngram import NgramProposer
 from phloem.runtime.speculative.step import SpecRow, SpeculativeStep
 from phloem.runtime.speculative.tree import DraftTree
+
+from tests.unit.tiny_model import tiny_runner
 
 VOCAB = 16
 STOP = 15
@@ -105,10 +105,7 @@ class EvenMatcher:
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
     torch.set_num_threads(1)
-    r = ModelRunner(ModelSource("dummy", "tiny-llama"), dtype="float32", device="cpu",
-                    max_total_tokens=4096, max_running_requests=4)  # fmt: skip
-    init_dummy_weights(r.model, seed=3, std=0.2)
-    return r
+    return tiny_runner(3, max_running_requests=4)
 
 
 def _masked_greedy(runner: ModelRunner, prompt: list[int], n: int) -> list[int]:

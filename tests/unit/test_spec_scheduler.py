@@ -11,10 +11,8 @@ import torch
 from phloem.runtime.cache.allocator import TokenSlotAllocator
 from phloem.runtime.cache.cache_manager import CacheManager
 from phloem.runtime.cache.radix_tree import RadixTree
-from phloem.runtime.executor.dummy import init_dummy_weights
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
 from phloem.runtime.executor.worker import FutureMap, InlineWorker
-from phloem.runtime.model_files import ModelSource
 from phloem.runtime.sampling.batch import SamplingBatchBuilder
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker
@@ -25,16 +23,15 @@ from phloem.runtime.speculative.decoding import EagleDrafter
 from phloem.runtime.speculative.eagle import EagleConfig, EagleDraftWorker, EagleHead
 from phloem.runtime.speculative.step import SpeculativeStep, build_speculative_step
 
+from tests.unit.tiny_model import tiny_runner
+
 EOS = 1
 
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
     torch.set_num_threads(1)
-    r = ModelRunner(ModelSource("dummy", "tiny-llama"), dtype="float32", device="cpu",
-                    max_total_tokens=4096, max_running_requests=8)  # fmt: skip
-    init_dummy_weights(r.model, seed=5, std=0.2)
-    return r
+    return tiny_runner(5)
 
 
 def _spec(runner: ModelRunner, algorithm: str) -> SpeculativeStep:

@@ -7,21 +7,18 @@ from __future__ import annotations
 import pytest
 import torch
 from phloem.runtime.cache.allocator import TokenSlotAllocator
-from phloem.runtime.executor.dummy import init_dummy_weights
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
-from phloem.runtime.model_files import ModelSource
 from phloem.runtime.speculative.decoding import EagleDrafter, target_forward
 from phloem.runtime.speculative.eagle import EagleConfig, EagleDraftWorker, EagleHead
 from phloem.runtime.speculative.step import SpecRow, SpeculativeStep, build_speculative_step
+
+from tests.unit.tiny_model import tiny_runner
 
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
     torch.set_num_threads(1)
-    r = ModelRunner(ModelSource("dummy", "tiny-llama"), dtype="float32", device="cpu",
-                    max_total_tokens=4096, max_running_requests=8)  # fmt: skip
-    init_dummy_weights(r.model, seed=1, std=0.2)
-    return r
+    return tiny_runner(1)
 
 
 def _eagle_step(runner) -> SpeculativeStep:

@@ -6,9 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from phloem.runtime.cache.allocator import TokenSlotAllocator
-from phloem.runtime.executor.dummy import init_dummy_weights
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
-from phloem.runtime.model_files import ModelSource
 from phloem.runtime.speculative.decoding import NgramDrafter, SpeculativeDecoder, target_prefill
 from phloem.runtime.speculative.ngram import NgramProposer
 from phloem.runtime.speculative.tree import DraftTree, ancestor_mask
@@ -21,6 +19,8 @@ from phloem.runtime.speculative.verify import (
     target_probs,
 )
 
+from tests.unit.tiny_model import tiny_runner
+
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
@@ -32,10 +32,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    r = ModelRunner(ModelSource("dummy", "tiny-llama"), dtype="float32", device="cpu",
-                    max_total_tokens=4096, max_running_requests=8)  # fmt: skip
-    init_dummy_weights(r.model, seed=1, std=0.2)  # peaked logits: no argmax near-ties
-    return r
+    return tiny_runner(1)
 
 
 PROMPTS = [[5, 6, 7, 8, 5, 6, 7, 8, 9, 10], [100, 200, 300, 100, 200], [3, 3, 3, 3, 3, 3, 3, 3]]
