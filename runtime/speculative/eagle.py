@@ -394,12 +394,11 @@ class EagleDraftWorker:
         """Add the ``topk`` best children of each parent (``logp`` rows); returns their indices."""
         top, idx = logp.topk(self.topk, dim=-1)
         tokens = self.token_map[idx].tolist()
+        scores = top.tolist()  # one device sync, not one per node
         added = []
         for row, p in enumerate(parents):
             for j in range(self.topk):
-                nodes.append(
-                    _Node(tokens[row][j], p, nodes[p].score + float(top[row, j]), nodes[p].depth + 1)
-                )
+                nodes.append(_Node(tokens[row][j], p, nodes[p].score + scores[row][j], nodes[p].depth + 1))
                 added.append(len(nodes) - 1)
         return added
 
