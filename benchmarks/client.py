@@ -140,7 +140,10 @@ class HttpBackend:
         self.model = model or "default"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         timeout = aiohttp.ClientTimeout(total=6 * 3600)
-        self.session = aiohttp.ClientSession(headers=headers, timeout=timeout)
+        # A fresh connection per request: a pooled keep-alive connection that the server has just
+        # closed (llama.cpp's server does this) would otherwise fail the next request sent on it.
+        connector = aiohttp.TCPConnector(force_close=True)
+        self.session = aiohttp.ClientSession(headers=headers, timeout=timeout, connector=connector)
 
     async def close(self) -> None:
         await self.session.close()

@@ -1,6 +1,6 @@
 """A small OpenAI-compatible server over Hugging Face ``generate``: the "plain transformers" peer.
 
-    python benchmarks/peers/hf_server.py --port 30102 [--model-path X.gguf] [--max-batch 8]
+    python benchmarks/peers/hf_server.py --port 30102 [--model-path X.gguf] [--max-batch 8] [--threads N]
 
 Routes: ``/v1/completions``, ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
 ``/health``. Concurrent requests are batched statically: the worker takes up to ``--max-batch``
@@ -124,7 +124,10 @@ class HFModel:
                 (jobs if job.ignore_eos == jobs[0].ignore_eos else held).append(job)
             for job in held:
                 self.waiting.put_nowait(job)
-            await loop.run_in_executor(None, self.generate, jobs, loop)
+            try:
+                await loop.run_in_executor(None, self.generate, jobs, loop)
+            except Exception as exc:  # the jobs were closed; keep serving the next batch
+                print(f"generate failed: {type(exc).__name__}: {exc}", flush=True)
 
 
 # ---- HTTP ----------------------------------------------------------------------------------------
@@ -187,8 +190,8 @@ async def stream(
     async for token in tokens_of(job):
         ids.append(token)
         text = hf.tokenizer.decode(ids)
-        if text.endswith("\ufffd"):
-            continue  # half a UTF-8 character: wait for the rest
+        if text.endswith("\ufffd") or len(text) == len(sent):
+            continue  # half a UTF-8 character (wait for the rest), or a special token (no text)
         await resp.write(event(ctx, text[len(sent) :], None))
         sent = text
     await resp.write(event(ctx, "", finish(ids, job)))
@@ -248,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
         "--model-path", default=None, help="GGUF or Hugging Face directory (default: phloem's default model)"
     )
     p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, every core)")
     ns = p.parse_args(argv)
+    if ns.threads:
+        import torch
+
+        torch.set_num_threads(ns.threads)
     hf = HFModel(ns.model_path, ns.max_batch)
     web.run_app(
         build_app(hf),

@@ -22,6 +22,6 @@ fi
 exec "$PY" -m llama_cpp.server \
   --model "$MODEL" \
   --host 127.0.0.1 --port "$PORT" \
-  --n_threads "$(nproc)" \
+  --n_threads "${THREADS:-$(nproc)}" \
   --n_ctx 8192 \
   "$@"

