@@ -33,7 +33,7 @@ run: setup
 
 # The whole test suite (lint and type check first)
 test: setup-test lint typecheck
-	$(PY) -m pytest -q -m "not gpu" $(ARGS)
+	$(PY) -m pytest -q -m "not gpu" --durations=15 $(ARGS)
 
 lint: setup-test
 	$(VENV)/bin/ruff check phloem lang runtime grammars benchmarks tests
