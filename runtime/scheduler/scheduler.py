@@ -357,12 +357,16 @@ class Scheduler:
         reqs = self._decode_rows()
         if not reqs:
             return None
-        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs)
-        batch.prefix_lens = [r.kv_len for r in reqs]
-        batch.extend_lens = [1] * len(reqs)
-        batch.discard = [False] * len(reqs)
-        batch.chunk = [False] * len(reqs)
-        batch.prefill_row = [False] * len(reqs)
+        return self._decode_batch(ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs), extend=1)
+
+    def _decode_batch(self, batch: ScheduledBatch, *, extend: int) -> ScheduledBatch:
+        """Fill the per-row fields every decode step shares and count the step."""
+        n = len(batch.reqs)
+        batch.prefix_lens = [r.kv_len for r in batch.reqs]
+        batch.extend_lens = [extend] * n
+        batch.discard = [False] * n
+        batch.chunk = [False] * n
+        batch.prefill_row = [False] * n
         self.ratio.step()
         self._decode_steps += 1
         return batch
@@ -396,14 +400,7 @@ class Scheduler:
         if slots is None:
             raise RuntimeError("KV pool accounting error: no slots for a speculative step after retraction")
         batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, spec_rows=rows, spec_slots=slots)
-        batch.prefix_lens = [r.kv_len for r in reqs]
-        batch.extend_lens = [0] * len(reqs)  # kv_len advances by each accept length, once known
-        batch.discard = [False] * len(reqs)
-        batch.chunk = [False] * len(reqs)
-        batch.prefill_row = [False] * len(reqs)
-        self.ratio.step()
-        self._decode_steps += 1
-        return batch
+        return self._decode_batch(batch, extend=0)  # kv_len advances by each accept length, once known
 
     # ------------------------------------------------------------------ launch
     def _grammar_mask(self, batch: ScheduledBatch) -> tuple[Any, Future[Any] | None]:
