@@ -32,6 +32,9 @@ class ScheduledBatch:
     # Speculative decode step: one SpecRow per request (already drafted), slots of all tree nodes.
     spec_rows: list[Any] | None = None
     spec_slots: torch.Tensor | None = None
+    # Plain decode step: the slot of each row's new token (host), as allocated; saves gathering
+    # them back out of the device-side req_to_token table.
+    out_slots: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -50,14 +53,15 @@ def build_forward_input(
     prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
     extend = torch.tensor(batch.extend_lens, dtype=torch.int64)
     rows = torch.tensor([r.req_pool_idx for r in batch.reqs], dtype=torch.int64)
-    # positions: for row r, prefix[r] .. prefix[r] + extend[r] - 1
-    starts = torch.repeat_interleave(prefix, extend)
-    offsets = torch.arange(int(extend.sum()), dtype=torch.int64) - torch.repeat_interleave(
-        torch.cumsum(extend, 0) - extend, extend
-    )
-    positions = starts + offsets
-    row_per_token = torch.repeat_interleave(rows, extend)
-    out_slots = req_to_token[row_per_token, positions]
+    if batch.out_slots is not None:  # plain decode: one new token per row, slots known
+        positions, out_slots = prefix.clone(), batch.out_slots
+    else:
+        # positions: for row r, prefix[r] .. prefix[r] + extend[r] - 1 (plain lists: these tensors
+        # are small and torch's per-op overhead dominates)
+        pos = [p + j for p, e in zip(batch.prefix_lens, batch.extend_lens) for j in range(e)]
+        row_ids = [r.req_pool_idx for r, e in zip(batch.reqs, batch.extend_lens) for _ in range(e)]
+        positions = torch.tensor(pos, dtype=torch.int64)
+        out_slots = req_to_token[torch.tensor(row_ids, dtype=torch.int64), positions]
     logprobs = _logprob_request(batch)
     return ForwardInput(
         mode=batch.mode,
@@ -97,3 +101,16 @@ def gather_new_tokens(batch: ScheduledBatch, token_of: Callable[[Req], int]) -> 
             start = batch.prefix_lens[i]
             ids.extend(r.fill_ids[start : start + batch.extend_lens[i]])
     return ids
+
+
+def write_decode_slots(req_to_token: torch.Tensor, reqs: Sequence[Req], slots: torch.Tensor | None) -> None:
+    """``req_to_token[row, kv_len] = slot`` for every decode row, as one indexed write (a device
+    table would otherwise take one small copy per row)."""
+    if not reqs or slots is None:
+        return
+    rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+    cols = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+    dev = req_to_token.device
+    if dev.type != "cpu":
+        rows, cols, slots = (t.to(dev, non_blocking=True) for t in (rows, cols, slots))
+    req_to_token[rows, cols] = slots

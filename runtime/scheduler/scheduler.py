@@ -24,7 +24,12 @@ from typing import Any
 
 from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
 from phloem.runtime.sampling.stop import FinishReason
-from phloem.runtime.scheduler.batch import ScheduledBatch, build_forward_input, gather_new_tokens
+from phloem.runtime.scheduler.batch import (
+    ScheduledBatch,
+    build_forward_input,
+    gather_new_tokens,
+    write_decode_slots,
+)
 from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.policy import (
     NewTokenRatio,
@@ -317,7 +322,7 @@ class Scheduler:
                 max(req.logprob_start_len, 0) if req.wants_input_logprobs else -1
             )
         if self.cfg.enable_mixed_chunk and self.running:
-            decode = self._decode_rows()
+            decode, _ = self._decode_rows()
             if decode:
                 for req in decode:
                     batch.reqs.append(req)
@@ -331,11 +336,11 @@ class Scheduler:
         return batch
 
     # ------------------------------------------------------------------ decode
-    def _decode_rows(self) -> list[Req]:
+    def _decode_rows(self) -> tuple[list[Req], Any]:
         """Running requests that still need a token, after making room for one token each."""
         reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
         if not reqs:
-            return []
+            return [], None
         if self.cache.available_size < len(reqs):
             self._sync_inflight()
             reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
@@ -345,19 +350,17 @@ class Scheduler:
         slots = self.cache.alloc(len(reqs)) if reqs else None
         if reqs and slots is None:
             raise RuntimeError("KV pool accounting error: no slot for a decode step after retraction")
-        table = self.req_pool.req_to_token
-        for req, slot in zip(reqs, slots.tolist() if slots is not None else []):
-            table[req.req_pool_idx, req.kv_len] = slot
-            req.extend_len = 1
-        return reqs
+        write_decode_slots(self.req_pool.req_to_token, reqs, slots)
+        return reqs, slots
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         if self.spec is not None and self._all_spec_eligible():
             return self._schedule_spec_decode()
-        reqs = self._decode_rows()
+        reqs, slots = self._decode_rows()
         if not reqs:
             return None
-        return self._decode_batch(ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs), extend=1)
+        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, out_slots=slots)
+        return self._decode_batch(batch, extend=1)
 
     def _decode_batch(self, batch: ScheduledBatch, *, extend: int) -> ScheduledBatch:
         """Fill the per-row fields every decode step shares and count the step."""

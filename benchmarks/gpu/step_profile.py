@@ -1,0 +1,222 @@
+"""Where a scheduler step's time goes: the real Scheduler, in this process, on the GPU.
+
+    source benchmarks/gpu/setup_h200.sh install
+    python3 benchmarks/gpu/step_profile.py --batch 256 --out $OUT/step_b256.json          # plain, overlap on
+    python3 benchmarks/gpu/step_profile.py --batch 1 --spec EAGLE --out $OUT/spec_b1.json  # speculative
+
+The Scheduler and its collaborators are built exactly as the scheduler process builds them
+(``build_scheduler``), then driven by ``step()`` here, so one profile covers the scheduler's host
+work, the worker, the model and (with ``--spec``) drafting and verification. Three runs over the
+same decode-only window (every request admitted and prefilled first):
+
+- timing: wall and CPU time (``time.thread_time`` of the scheduler thread) per ``step()``;
+- ``cProfile``: the host functions with the most cumulative time (``--cprofile``);
+- ``torch.profiler``: kernels by CUDA time and the GPU busy fraction over the window (the union
+  of kernel, memcpy and memset intervals over the window's span), from the Chrome trace.
+
+Writes one JSON file (``--out``) with the figures and the top tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import time
+from typing import Any
+
+
+def build(args: argparse.Namespace) -> tuple[Any, Any]:
+    from phloem.runtime.config import EngineArgs
+    from phloem.runtime.scheduler.builder import build_scheduler
+
+    kw: dict[str, Any] = {
+        "model_path": args.model,
+        "load_format": args.load_format,
+        "dummy_shape": args.dummy_shape,
+        "tokenizer_path": args.tokenizer_path,
+        "device": args.device,
+        "dtype": args.dtype,
+        "disable_overlap_schedule": args.no_overlap,
+        "disable_cuda_graph": args.no_cuda_graph,
+        "max_running_requests": max(args.batch, 1),
+    }
+    if args.spec:
+        kw.update(
+            speculative_algorithm=args.spec,
+            speculative_num_steps=args.spec_steps,
+            speculative_eagle_topk=args.spec_topk,
+            speculative_num_draft_tokens=args.spec_draft_tokens,
+        )
+    if args.head:
+        kw["speculative_draft_model_path"] = args.head
+    return build_scheduler(EngineArgs(**kw), send=lambda m: None)
+
+
+def make_reqs(rt: Any, batch: int, input_len: int, max_new: int, tag: str) -> list[Any]:
+    from phloem.runtime.sampling.params import SamplingParams
+    from phloem.runtime.sampling.stop import StopChecker
+    from phloem.runtime.scheduler.req import Req
+    from phloem.runtime.speculative.train import DEFAULT_PROMPTS, read_prompts
+
+    prompts = read_prompts(DEFAULT_PROMPTS)
+    reqs = []
+    for i in range(batch):
+        text = rt.tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}])
+        ids = rt.tokenizer.encode(text)
+        if input_len:
+            ids = (ids * (input_len // max(len(ids), 1) + 1))[:input_len]
+        params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+        reqs.append(Req(rid=f"{tag}{i}", origin_input_ids=ids, params=params,
+                        stop_checker=StopChecker(params, eos_token_ids=rt.eos_token_ids)))  # fmt: skip
+    return reqs
+
+
+def prefill_all(s: Any, reqs: list[Any]) -> None:
+    for r in reqs:
+        s.add_request(r)
+    while any(not r.output_ids for r in reqs):
+        s.step()
+
+
+def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
+    """Step until every request finished; per-step wall and CPU seconds."""
+    walls, cpus = [], []
+    start_tokens = sum(len(r.output_ids) for r in reqs)
+    t0 = time.perf_counter()
+    while not all(r.finished for r in reqs):
+        w, c = time.perf_counter(), time.thread_time()
+        s.step()
+        cpus.append(time.thread_time() - c)
+        walls.append(time.perf_counter() - w)
+        if hook is not None:
+            hook()
+    s.drain()
+    total = time.perf_counter() - t0
+    tokens = sum(len(r.output_ids) for r in reqs) - start_tokens
+    walls.sort()
+    return {
+        "steps": len(walls),
+        "seconds": total,
+        "decode_tokens": tokens,
+        "tok_s": tokens / total,
+        "step_wall_ms_mean": 1e3 * sum(walls) / len(walls),
+        "step_wall_ms_median": 1e3 * walls[len(walls) // 2],
+        "step_cpu_ms_mean": 1e3 * sum(cpus) / len(cpus),
+        "tokens_per_step": tokens / len(walls),
+    }
+
+
+def gpu_busy(trace_path: str) -> dict[str, Any]:
+    with open(trace_path) as f:
+        events = json.load(f)["traceEvents"]
+    spans = sorted(
+        (e["ts"], e["ts"] + e.get("dur", 0))
+        for e in events
+        if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")
+    )
+    if not spans:
+        return {"gpu_busy_fraction": None}
+    busy, cur_s, cur_e = 0.0, spans[0][0], spans[0][1]
+    gaps = []
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            gaps.append(s - cur_e)
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    span = spans[-1][1] - spans[0][0]
+    gaps.sort()
+    return {
+        "gpu_busy_fraction": busy / span,
+        "gpu_span_ms": span / 1e3,
+        "gpu_busy_ms": busy / 1e3,
+        "kernels": len(spans),
+        "idle_gaps_over_20us": sum(1 for g in gaps if g > 20),
+        "largest_gaps_us": gaps[-5:],
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=None)
+    p.add_argument("--load-format", default="auto")
+    p.add_argument("--dummy-shape", default="smollm2-135m")
+    p.add_argument("--tokenizer-path", default=None)
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--input-len", type=int, default=0, help="0: the prompt as tokenized")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument("--spec", default=None, choices=[None, "EAGLE", "NGRAM"])
+    p.add_argument("--head", default=None)
+    p.add_argument("--spec-steps", type=int, default=3)
+    p.add_argument("--spec-topk", type=int, default=1)
+    p.add_argument("--spec-draft-tokens", type=int, default=4)
+    p.add_argument("--cprofile", action="store_true")
+    p.add_argument("--no-torch-profile", action="store_true")
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+
+    import torch
+
+    s, rt = build(args)
+    result: dict[str, Any] = {
+        "command": "python3 benchmarks/gpu/step_profile.py " + " ".join(os.sys.argv[1:])
+    }
+    warm = make_reqs(rt, min(args.batch, 4), args.input_len, 16, "warm")
+    prefill_all(s, warm)
+    drive(s, warm)
+
+    reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "t")
+    prefill_all(s, reqs)
+    result["timing"] = drive(s, reqs)
+    if s.spec is not None:
+        result["timing"]["accept_length"] = s.spec.mean_accept_length
+    print(json.dumps(result["timing"]), flush=True)
+
+    if args.cprofile:
+        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "c")
+        prefill_all(s, reqs)
+        prof = cProfile.Profile()
+        prof.enable()
+        result["cprofile_timing"] = drive(s, reqs)
+        prof.disable()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
+        result["cprofile_cumulative"] = buf.getvalue()
+        buf = io.StringIO()
+        pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(30)
+        result["cprofile_tottime"] = buf.getvalue()
+        print(result["cprofile_tottime"], flush=True)
+
+    if not args.no_torch_profile and args.device == "cuda":
+        from torch.profiler import ProfilerActivity, profile
+
+        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "p")
+        prefill_all(s, reqs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+            result["profiled_timing"] = drive(s, reqs)
+            torch.cuda.synchronize()
+        trace = os.path.splitext(args.out)[0] + ".trace.json"
+        tp.export_chrome_trace(trace)
+        result["gpu"] = gpu_busy(trace)
+        os.remove(trace)  # large; the figures above are what we keep
+        result["top_cuda"] = tp.key_averages().table(sort_by="cuda_time_total", row_limit=25)
+        result["top_cpu"] = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
+        print(result["gpu"], flush=True)
+        print(result["top_cpu"], flush=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
