@@ -34,6 +34,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.attention.base import varying_shape_sdpa
 from phloem.runtime.layers.rotary import rope_inv_freq
 from phloem.runtime.speculative.tree import DraftTree
 from torch import nn
@@ -244,7 +245,7 @@ class DraftKVCache:
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """``q`` ``[m, Hq, D]`` over ``k, v`` ``[S, Hk, D]`` with bool ``mask`` ``[m, S]`` -> ``[m, Hq, D]``."""
-    o = F.scaled_dot_product_attention(
+    o = varying_shape_sdpa(
         q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
         attn_mask=None if mask is None else mask[None, None], enable_gqa=True,
     )  # fmt: skip

@@ -57,9 +57,11 @@ class SpeculativeStep:
         Upper bound of one request's tree (slots to keep free per running request).
     """
 
-    def __init__(self, runner: Any, drafter: Drafter, *, max_tree: int, seed: int = 0) -> None:
+    def __init__(
+        self, runner: Any, drafter: Drafter, *, max_tree: int, seed: int = 0, max_batch: int = 0
+    ) -> None:
         self.drafter = drafter
-        self.verifier = TreeVerifier(runner, seed=seed)
+        self.verifier = TreeVerifier(runner, seed=seed, graphs=_verify_graphs(runner, max_tree, max_batch))
         self.vocab_size = runner.vocab_size
         self.max_tree = max_tree
         self.needs_hidden = isinstance(drafter, EagleDrafter)
@@ -148,6 +150,18 @@ class SpeculativeStep:
         self.drafter.release(row)
 
 
+def _verify_graphs(runner: Any, nodes: int, max_batch: int) -> Any:
+    """On CUDA with Triton: padded verify passes, captured up to ``max_batch`` requests
+    (``--disable-cuda-graph``: runner without decode graphs -> the same passes, eager)."""
+    if runner.device.type != "cuda":
+        return None
+    from phloem.runtime.speculative.verify_graph import VerifyGraphRunner
+
+    graphs = VerifyGraphRunner(runner, nodes=nodes, max_bs=max_batch if runner.cuda_graphs is not None else 0)
+    graphs.capture()
+    return graphs
+
+
 def build_speculative_step(
     runner: Any,
     algorithm: str,
@@ -157,14 +171,18 @@ def build_speculative_step(
     topk: int = 1,
     num_draft_tokens: int = 4,
     seed: int = 0,
+    max_batch: int = 0,
 ) -> SpeculativeStep:
-    """From ``EngineArgs.speculative_*``: ``EAGLE`` (the shipped head by default) or ``NGRAM``."""
+    """From ``EngineArgs.speculative_*``: ``EAGLE`` (the shipped head by default) or ``NGRAM``;
+    ``max_batch``: the most requests one verify pass holds (the verify graphs' largest size)."""
     name = algorithm.upper()
     if name == "NGRAM":
         from phloem.runtime.speculative.ngram import NgramProposer
 
         k = max(num_draft_tokens - 1, 1)
-        return SpeculativeStep(runner, NgramDrafter(NgramProposer(k)), max_tree=k + 1, seed=seed)
+        return SpeculativeStep(
+            runner, NgramDrafter(NgramProposer(k)), max_tree=k + 1, seed=seed, max_batch=max_batch
+        )
     if name == "EAGLE":
         from phloem.runtime.speculative import DEFAULT_EAGLE_HEAD
         from phloem.runtime.speculative.eagle import EagleDraftWorker, load_eagle_head
@@ -172,5 +190,7 @@ def build_speculative_step(
         head = load_eagle_head(draft_model_path or DEFAULT_EAGLE_HEAD)
         worker = EagleDraftWorker.for_runner(head, runner, num_steps=num_steps, topk=topk,
                                              num_draft_tokens=num_draft_tokens)  # fmt: skip
-        return SpeculativeStep(runner, EagleDrafter(worker), max_tree=worker.num_draft_tokens, seed=seed)
+        return SpeculativeStep(
+            runner, EagleDrafter(worker), max_tree=worker.num_draft_tokens, seed=seed, max_batch=max_batch
+        )
     raise ValueError(f"unknown speculative algorithm {algorithm!r}; expected EAGLE or NGRAM")

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-import torch.nn.functional as F
 from phloem.grammars.bitmask import apply_bitmask
-from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.attention.base import AttentionBackend, varying_shape_sdpa
 from phloem.runtime.executor.forward_io import ForwardMode
 from phloem.runtime.sampling.sampler import GREEDY_EPS, min_p_drop_mask, top_k_top_p_drop_mask
 from phloem.runtime.speculative.tree import DraftTree, ancestor_mask
@@ -154,9 +154,7 @@ class TreeVerifyAttention(AttentionBackend):
             q_r = q[start : start + n].transpose(0, 1)[None]  # [1, Hq, n, D]
             k_r = k_buf[keys].transpose(0, 1)[None].to(q.dtype)  # [1, Hk, S, D]
             v_r = v_buf[keys].transpose(0, 1)[None].to(q.dtype)
-            o = F.scaled_dot_product_attention(
-                q_r, k_r, v_r, attn_mask=mask, scale=self.scale, enable_gqa=True
-            )
+            o = varying_shape_sdpa(q_r, k_r, v_r, attn_mask=mask, scale=self.scale, enable_gqa=True)
             out[start : start + n] = o[0].transpose(0, 1)  # [n, Hq, D]
         return out
 
@@ -241,11 +239,12 @@ class TreeVerifier:
         Seed of the generator used by sampling acceptance.
     """
 
-    def __init__(self, runner, *, seed: int = 0) -> None:  # noqa: ANN001
+    def __init__(self, runner, *, seed: int = 0, graphs: Any = None) -> None:  # noqa: ANN001
         self.runner = runner
         self.attn = TreeVerifyAttention(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
+        self.graphs = graphs  # VerifyGraphRunner on CUDA (padded trees, Triton, CUDA graphs), else None
         self.generator = torch.Generator().manual_seed(seed)
 
     @torch.inference_mode()
@@ -256,44 +255,81 @@ class TreeVerifier:
         pool at every node slot. The caller then advances ``kv_len`` by ``accept_length`` and
         frees ``free_slots``.
         """
-        device = self.runner.device
-        ids, positions = [], []
         for r in reqs:
             if r.slots.numel() != len(r.tree):
                 raise ValueError(
                     f"request row {r.req_pool_idx}: {len(r.tree)} nodes but {r.slots.numel()} slots"
                 )
+        logits, hidden, starts = self._forward(reqs)
+        # one device sync for every plain greedy request's argmaxes
+        plain = [r.sampling.greedy and r.bitmask is None for r in reqs]
+        argmax = logits.argmax(dim=-1).tolist() if any(plain) else []
+        paths = []
+        for r, start, is_plain in zip(reqs, starts, plain):
+            n = len(r.tree)
+            ids = argmax[start : start + n] if is_plain else None
+            paths.append(self._accept(r, logits[start : start + n], ids))
+        return self._commit(reqs, starts, paths, hidden)
+
+    def _forward(self, reqs: Sequence[VerifyRequest]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Logits and hidden states of every node, and the row where each request's nodes start."""
+        if self.graphs is not None:
+            logits, hidden = self.graphs.run(reqs)
+            return logits, hidden, [b * self.graphs.nodes for b in range(len(reqs))]
+        device = self.runner.device
+        ids, positions, starts = [], [], []
+        for r in reqs:
+            starts.append(len(ids))
             ids += r.tree.tokens
             positions += [r.kv_len + d for d in r.tree.depths]
         self.attn.plan(reqs)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=device)
         pos = torch.tensor(positions, dtype=torch.int64, device=device)
         hidden = self.runner.model(input_ids, pos, self.attn)  # [T, H]
-        logits = self.runner.model.compute_logits(hidden)  # [T, V] float32
-        results, start = [], 0
-        for r in reqs:
-            n = len(r.tree)
-            results.append(self._accept_and_commit(r, logits[start : start + n], hidden[start : start + n]))
-            start += n
-        return results
+        return self.runner.model.compute_logits(hidden), hidden, starts  # [T, V] float32
 
-    def _accept_and_commit(
-        self, r: VerifyRequest, logits: torch.Tensor, hidden: torch.Tensor
-    ) -> VerifyResult:
-        if r.bitmask is not None:
-            logits = apply_bitmask(logits, r.bitmask)  # in place on this request's rows
-        if r.sampling.greedy:
-            nodes, tokens = accept_greedy(r.tree, logits.argmax(dim=-1).tolist())
+    def _accept(
+        self, r: VerifyRequest, logits: torch.Tensor, argmax: list[int] | None
+    ) -> tuple[list[int], list[int]]:
+        if argmax is not None:
+            nodes, tokens = accept_greedy(r.tree, argmax)
         else:
-            nodes, tokens = accept_sampling(r.tree, target_probs(logits, r.sampling).cpu(), self.generator)
+            if r.bitmask is not None:
+                logits = apply_bitmask(logits, r.bitmask)  # in place on this request's rows
+            if r.sampling.greedy:
+                nodes, tokens = accept_greedy(r.tree, logits.argmax(dim=-1).tolist())
+            else:
+                probs = target_probs(logits, r.sampling).cpu()
+                nodes, tokens = accept_sampling(r.tree, probs, self.generator)
         if r.max_accept is not None:
             keep = max(1, r.max_accept)
             nodes, tokens = nodes[:keep], tokens[:keep]
+        return nodes, tokens
+
+    def _commit(
+        self,
+        reqs: Sequence[VerifyRequest],
+        starts: list[int],
+        paths: list[tuple[list[int], list[int]]],
+        hidden: torch.Tensor,
+    ) -> list[VerifyResult]:
+        """Move every accepted node into its request's row (one indexed write for the batch) and
+        gather the accepted nodes' features (one gather)."""
         table = self.runner.req_to_token_pool.req_to_token
-        kept = torch.tensor(nodes, dtype=torch.int64)
-        table[r.req_pool_idx, r.kv_len : r.kv_len + len(nodes)] = r.slots[kept].to(table.device)
-        rejected = torch.ones(len(r.tree), dtype=torch.bool)
-        rejected[kept] = False
-        return VerifyResult(
-            tokens=tokens, nodes=nodes, free_slots=r.slots[rejected], hidden=hidden[kept.to(hidden.device)]
-        )
+        rows, cols, vals, feature_rows, results = [], [], [], [], []
+        for r, start, (nodes, tokens) in zip(reqs, starts, paths):
+            kept = torch.tensor(nodes, dtype=torch.int64)
+            rows += [r.req_pool_idx] * len(nodes)
+            cols += range(r.kv_len, r.kv_len + len(nodes))
+            vals.append(r.slots[kept])
+            feature_rows += [start + u for u in nodes]
+            rejected = torch.ones(len(r.tree), dtype=torch.bool)
+            rejected[kept] = False
+            results.append(VerifyResult(tokens=tokens, nodes=nodes, free_slots=r.slots[rejected],
+                                        hidden=hidden[:0]))  # fmt: skip
+        dev = table.device
+        table[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = torch.cat(vals).to(dev)
+        features = hidden[torch.tensor(feature_rows, device=hidden.device)]
+        for res, h in zip(results, features.split([len(p[0]) for p in paths])):
+            res.hidden = h
+        return results

@@ -239,3 +239,21 @@ def test_sampled_first_token_matches_target_distribution(runner):
     finally:
         runner.req_to_token_pool.free(row)
         runner.req_to_token_pool.free(ref_row)
+
+
+@pytest.mark.parametrize("drafter", ["oracle", "ngram"])
+def test_padded_verify_pass_equals_per_request_pass(runner, drafter):
+    """The CUDA verify layout (trees padded to a fixed width, one pass over all requests; run here
+    eagerly with the plain-torch tree attention) gives the same tokens and accept lengths."""
+    from phloem.runtime.speculative.verify_graph import VerifyGraphRunner
+
+    refs = _reference(runner, PROMPTS, 24)
+    make = (lambda: OracleDrafter(PROMPTS, refs, depth=3)) if drafter == "oracle" else (
+        lambda: NgramDrafter(NgramProposer(4)))  # fmt: skip
+    plain = SpeculativeDecoder(runner, make()).generate(PROMPTS, 24)
+    dec = SpeculativeDecoder(runner, make())
+    dec.verifier.graphs = VerifyGraphRunner(runner, nodes=9, max_bs=0)  # 9 > any tree here: padding
+    padded = dec.generate(PROMPTS, 24)
+    assert [o.tokens for o in padded] == [o.tokens for o in plain] == refs
+    assert [o.accept_lengths for o in padded] == [o.accept_lengths for o in plain]
+    assert dec.allocator.available_size == dec.allocator.total_size

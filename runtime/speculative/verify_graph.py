@@ -1,0 +1,201 @@
+"""The verify pass on CUDA: padded trees, Triton tree attention, CUDA graphs (DESIGN.md §5, §7).
+
+Every request's tree is padded to ``nodes`` (the step's largest tree), so a verify batch of ``B``
+requests is always ``B * nodes`` tokens and its shapes depend on ``B`` alone. That makes it a
+CUDA graph like a decode step: one graph per captured batch size (``capture_batch_sizes``), its
+inputs copied into static buffers before a replay::
+
+    input_ids, positions, node_slots  [max_bs * nodes]     the nodes, request after request
+    req_pool_indices, prefix_lens     [max_bs]             each request's row and cached length
+    tree_mask                         [max_bs, nodes, nodes]  ancestors-and-self, int8
+
+Padding nodes (and the spare requests of a padded batch) write the padding slot, see only
+themselves and are never read back. What a graph covers: the target model over all nodes, its
+final hidden states (the EAGLE draft's features) and the logits of every node. Acceptance stays
+on the host side of :class:`~phloem.runtime.speculative.verify.TreeVerifier`.
+
+Batches larger than the largest graph run the same padded pass eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.attention.triton_verify import tree_verify_attention, tree_verify_reference
+from phloem.runtime.cache.kv_pool import PADDING_SLOT
+from phloem.runtime.executor.cuda_graph import capture_batch_sizes
+from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.speculative.tree import ancestor_mask
+
+__all__ = ["TreeVerifyBackend", "VerifyGraphRunner"]
+
+logger = logging.getLogger(__name__)
+
+
+class TreeVerifyBackend(AttentionBackend):
+    """Triton tree attention over metadata tensors set by :meth:`bind` (views of static buffers
+    under a graph, so a replay reads whatever was copied in last)."""
+
+    supports_cuda_graph = True
+
+    def bind(
+        self,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        node_slots: torch.Tensor,
+        tree_mask: torch.Tensor,
+    ) -> None:
+        self.mode = ForwardMode.TARGET_VERIFY
+        self.req_pool_indices, self.prefix_lens = req_pool_indices, prefix_lens
+        self.node_slots, self.tree_mask = node_slots, tree_mask
+
+    def init_metadata(self, forward_input: Any) -> None:
+        raise NotImplementedError("TreeVerifyBackend is set up with bind(), not from a ForwardInput")
+
+    def forward_verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        self.kv_pool.set_kv(layer, self.node_slots, k, v)
+        k_buf, v_buf = self.kv_pool.get_kv(layer)
+        k_scale, v_scale = _scales(self.kv_pool, layer)
+        if q.device.type == "cpu":  # the oracle: lets the padded layout be tested without a GPU
+            return tree_verify_reference(
+                q, k_buf, v_buf,
+                req_to_token=self.req_to_token_pool.req_to_token, req_pool_indices=self.req_pool_indices,
+                prefix_lens=self.prefix_lens, node_slots=self.node_slots, tree_mask=self.tree_mask.bool(),
+                sm_scale=self.scale, k_scale=k_scale, v_scale=v_scale,
+            )  # fmt: skip
+        return tree_verify_attention(
+            q, k_buf, v_buf, q.new_empty(q.shape),
+            req_to_token=self.req_to_token_pool.req_to_token, req_pool_indices=self.req_pool_indices,
+            prefix_lens=self.prefix_lens, node_slots=self.node_slots, tree_mask=self.tree_mask,
+            sm_scale=self.scale, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+
+    def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        raise RuntimeError("TreeVerifyBackend only runs verify passes")
+
+    def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        raise RuntimeError("TreeVerifyBackend only runs verify passes")
+
+
+def _scales(pool: Any, layer: int) -> tuple[float, float]:
+    get = getattr(pool, "get_kv_scales", None)
+    return get(layer) if get is not None else (1.0, 1.0)
+
+
+class VerifyGraphRunner:
+    """Padded verify passes for one model runner, replayed from CUDA graphs up to ``max_bs``.
+
+    Parameters
+    ----------
+    runner:
+        The target :class:`~phloem.runtime.executor.model_runner.ModelRunner` (CUDA).
+    nodes:
+        Nodes per request (the largest tree the drafter grows).
+    max_bs:
+        Largest batch captured; 0 captures nothing (every pass eager).
+    """
+
+    def __init__(self, runner: Any, *, nodes: int, max_bs: int) -> None:
+        self.model = runner.model
+        self.device = runner.device
+        self.nodes = nodes
+        self.attn = TreeVerifyBackend(
+            runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
+        )
+        self.batch_sizes = capture_batch_sizes(max_bs) if max_bs > 0 else []
+        cap = max(self.batch_sizes, default=0)
+        self.static = self._buffers(cap)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.pool: Any = None
+        self.capture_seconds = 0.0
+
+    def _buffers(self, bs: int) -> dict[str, torch.Tensor]:
+        n, dev = bs * self.nodes, self.device
+        eye = torch.eye(self.nodes, dtype=torch.int8, device=dev)
+        return {
+            "input_ids": torch.zeros(n, dtype=torch.int64, device=dev),
+            "positions": torch.zeros(n, dtype=torch.int64, device=dev),
+            "node_slots": torch.full((n,), PADDING_SLOT, dtype=torch.int64, device=dev),
+            "req_pool_indices": torch.zeros(bs, dtype=torch.int64, device=dev),
+            "prefix_lens": torch.zeros(bs, dtype=torch.int64, device=dev),
+            "tree_mask": eye.expand(bs, -1, -1).contiguous(),
+        }
+
+    def _views(self, bufs: dict[str, torch.Tensor], bs: int) -> dict[str, torch.Tensor]:
+        n = bs * self.nodes
+        return {
+            k: (v[:bs] if k in ("req_pool_indices", "prefix_lens", "tree_mask") else v[:n])
+            for k, v in bufs.items()
+        }
+
+    def _pass(self, v: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        self.attn.bind(v["req_pool_indices"], v["prefix_lens"], v["node_slots"], v["tree_mask"])
+        hidden = self.model(v["input_ids"], v["positions"], self.attn)  # [bs * nodes, H]
+        return self.model.compute_logits(hidden), hidden
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        if not self.batch_sizes:
+            return
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for bs in reversed(self.batch_sizes):
+                views = self._views(self.static, bs)
+                for _ in range(2):  # compile kernels outside the capture
+                    self._pass(views)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    self.outputs[bs] = self._pass(views)
+                if self.pool is None:
+                    self.pool = graph.pool()
+                self.graphs[bs] = graph
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        self.capture_seconds = time.perf_counter() - start
+        logger.info("captured %d verify graphs (batch 1..%d, %d nodes each) in %.2f s",
+                    len(self.graphs), self.batch_sizes[-1], self.nodes, self.capture_seconds)  # fmt: skip
+
+    def host_inputs(self, reqs: Sequence[Any], bs: int) -> dict[str, torch.Tensor]:
+        """The padded inputs of ``reqs`` (``VerifyRequest``s) for a batch of ``bs >= len(reqs)``."""
+        n = self.nodes
+        ids = torch.zeros(bs * n, dtype=torch.int64)
+        pos = torch.zeros(bs * n, dtype=torch.int64)
+        slots = torch.full((bs * n,), PADDING_SLOT, dtype=torch.int64)
+        rows = torch.zeros(bs, dtype=torch.int64)
+        prefix = torch.zeros(bs, dtype=torch.int64)
+        mask = torch.eye(n, dtype=torch.int8).expand(bs, -1, -1).contiguous()
+        for b, r in enumerate(reqs):
+            size = len(r.tree)
+            if size > n:
+                raise ValueError(f"a draft tree of {size} nodes exceeds the verify width {n}")
+            lo = b * n
+            ids[lo : lo + size] = torch.tensor(r.tree.tokens)
+            pos[lo : lo + size] = torch.tensor([r.kv_len + d for d in r.tree.depths])
+            slots[lo : lo + size] = r.slots
+            rows[b], prefix[b] = r.req_pool_idx, r.kv_len
+            mask[b, :size, :size] = ancestor_mask(r.tree.parents).to(torch.int8)
+        return {"input_ids": ids, "positions": pos, "node_slots": slots, "req_pool_indices": rows,
+                "prefix_lens": prefix, "tree_mask": mask}  # fmt: skip
+
+    @torch.inference_mode()
+    def run(self, reqs: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[bs * nodes, V]`` and hidden states ``[bs * nodes, H]`` (request ``b``'s node ``i``
+        at row ``b * nodes + i``; ``bs >= len(reqs)``). Graph outputs are valid until the next run."""
+        padded = next((s for s in self.batch_sizes if s >= len(reqs)), None)
+        if padded is None:  # beyond the graphs: the same pass, eagerly
+            host = self.host_inputs(reqs, len(reqs))
+            return self._pass({k: v.to(self.device, non_blocking=True) for k, v in host.items()})
+        host = self.host_inputs(reqs, padded)
+        for k, v in self._views(self.static, padded).items():
+            v.copy_(host[k], non_blocking=True)
+        self.graphs[padded].replay()
+        return self.outputs[padded]
