@@ -104,10 +104,21 @@ async def launch_engine(args: EngineArgs) -> tuple[TokenizerManager, EngineProce
     return tm, procs
 
 
+KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
+
+
 def check_supported(args: EngineArgs) -> None:
-    """Options this build accepts on the command line but cannot honour fail here, loudly."""
-    if args.kv_cache_dtype != "auto":
-        raise ValueError(f"--kv-cache-dtype {args.kv_cache_dtype}: only 'auto' is available in this build")
+    """Options this build accepts on the command line but cannot honour fail here, loudly (before
+    any child process starts)."""
+    if args.kv_cache_dtype not in KV_CACHE_DTYPES:
+        raise ValueError(
+            f"--kv-cache-dtype {args.kv_cache_dtype}: expected one of {', '.join(KV_CACHE_DTYPES)}"
+        )
+    if args.kv_cache_dtype == "fp8_e4m3" and args.attention_backend == "flashinfer":
+        raise ValueError(
+            "--kv-cache-dtype fp8_e4m3 is not read by --attention-backend flashinfer; "
+            "use triton or torch_ref (auto picks one of them)"
+        )
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:

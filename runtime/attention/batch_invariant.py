@@ -46,12 +46,11 @@ class BatchInvariantBackend(AttentionBackend):
 
     def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.out_slots, k, v)
-        k_buf, v_buf = self.kv_pool.get_kv(layer)
         out = torch.empty(q.shape, dtype=torch.float32, device=q.device)
         qf = q.float()
         for start, slots, key_counts in self.plan:
-            keys = k_buf[slots].float().transpose(0, 1)[None]  # [1, Hk, S, D]
-            values = v_buf[slots].float().transpose(0, 1)[None]
+            keys, values = self.kv_pool.gather_kv(layer, slots, torch.float32)  # [S, Hk, D], dequantized
+            keys, values = keys.transpose(0, 1)[None], values.transpose(0, 1)[None]  # [1, Hk, S, D]
             for i, n in enumerate(key_counts):
                 o = F.scaled_dot_product_attention(
                     qf[start + i][None, :, None],  # [1, Hq, 1, D]

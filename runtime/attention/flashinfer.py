@@ -5,6 +5,9 @@ The KV pool is viewed as FlashInfer's paged cache with one token per page (``NHD
 ``req_to_token``. Importing this module raises ``ImportError`` without FlashInfer; the registry then
 falls back to another backend. FlashInfer's ``plan`` reads the index pointers on the host, so
 ``init_metadata`` synchronises once per batch (not per layer).
+
+An fp8 KV pool is refused: FlashInfer would need the query dtype at ``plan`` time (the pool only
+knows its storage dtype) and the per-layer scales at ``run``; use the ``triton`` backend for fp8.
 """
 
 from __future__ import annotations
@@ -29,6 +32,11 @@ class FlashInferBackend(AttentionBackend):
     """Paged extend and decode through FlashInfer's batch wrappers (see module docstring)."""
 
     def __init__(self, kv_pool: KVPool, req_to_token_pool: ReqToTokenPool, *, num_heads: int) -> None:
+        if kv_pool.is_fp8:
+            raise ValueError(
+                f"the flashinfer attention backend does not read an fp8 KV cache ({kv_pool.dtype}); "
+                "use --attention-backend triton (or torch_ref) with --kv-cache-dtype fp8_e4m3"
+            )
         super().__init__(kv_pool, req_to_token_pool, num_heads=num_heads)
         workspace = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=kv_pool.device)
         self._decode = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD")

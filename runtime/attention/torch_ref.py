@@ -74,24 +74,26 @@ class TorchRefBackend(AttentionBackend):
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.out_slots, k, v)
-        k_buf, v_buf = self.kv_pool.get_kv(layer)
         out = torch.empty_like(q)
         # 4-D operands with a 4-D mask take torch's fused CPU kernel (2-3x faster than 3-D here).
         for start, e, slots, mask in self.extend_plan:
             q_r = q[start : start + e].transpose(0, 1)[None]  # [1, Hq, e, D]
-            k_r = k_buf[slots].transpose(0, 1)[None].to(q.dtype)  # [1, Hk, S, D]
-            v_r = v_buf[slots].transpose(0, 1)[None].to(q.dtype)
+            k_s, v_s = self.kv_pool.gather_kv(layer, slots, q.dtype)  # [S, Hk, D], dequantized
             o = F.scaled_dot_product_attention(
-                q_r, k_r, v_r, attn_mask=mask, scale=self.scale, enable_gqa=True
+                q_r,
+                k_s.transpose(0, 1)[None],  # [1, Hk, S, D]
+                v_s.transpose(0, 1)[None],
+                attn_mask=mask,
+                scale=self.scale,
+                enable_gqa=True,
             )
             out[start : start + e] = o[0].transpose(0, 1)  # [e, Hq, D]
         return out
 
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.out_slots, k, v)
-        k_buf, v_buf = self.kv_pool.get_kv(layer)
-        k_all = k_buf[self.decode_slots].transpose(1, 2).to(q.dtype)  # [B, Hk, L, D]
-        v_all = v_buf[self.decode_slots].transpose(1, 2).to(q.dtype)
+        k_all, v_all = self.kv_pool.gather_kv(layer, self.decode_slots, q.dtype)  # [B, L, Hk, D]
+        k_all, v_all = k_all.transpose(1, 2), v_all.transpose(1, 2)  # [B, Hk, L, D]
         q_b = q.unsqueeze(2)  # [B, Hq, 1, D]
         o = F.scaled_dot_product_attention(
             q_b, k_all, v_all, attn_mask=self.decode_mask, scale=self.scale, enable_gqa=True

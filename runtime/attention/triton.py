@@ -55,6 +55,7 @@ class TritonBackend(AttentionBackend):
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.out_slots, k, v)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
+        k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)
         return extend_attention(
             q, k_buf, v_buf, out,
@@ -62,14 +63,17 @@ class TritonBackend(AttentionBackend):
             req_pool_indices=self.req_pool_indices,
             prefix_lens=self.prefix_lens, extend_lens=self.extend_lens, q_start=self.q_start,
             block_req=self.block_req, block_m=self.block_m, sm_scale=self.scale,
+            k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip
 
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.out_slots, k, v)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
+        k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)
         return decode_attention(
             q, k_buf, v_buf, out, self.part_o, self.part_lse,
             req_to_token=self.req_to_token_pool.req_to_token,
             req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens, sm_scale=self.scale,
+            k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip

@@ -10,6 +10,12 @@ Extend, as a plain loop (``s_r = prefix_lens[r]``, ``e_r = extend_lens[r]``)::
         keys = req_to_token[r, 0 : s_r + i + 1]           # cached prefix + new tokens up to i
         out[start_r + i, h] = softmax(q . K[keys, h // group] * scale) @ V[keys, h // group]
 
+K and V may be fp8 (``torch.float8_e4m3fn``) with per-tensor scales: ``K = K_fp8 * k_scale``.
+The kernels load the stored values, convert them (exactly) to the dot's dtype and fold the scales
+in where they cost nothing: ``k_scale`` into the softmax scale, ``v_scale`` into the final
+normalisation (``out = acc * v_scale / l``). Pools of other dtypes pass 1.0: two exact
+multiplications, nothing else changes for them.
+
 Decode is the case ``e_r == 1`` split along the keys: ``num_splits`` programs per (request,
 KV head) each reduce one chunk of the row to a normalised partial output and its log-sum-exp; a
 second kernel merges the chunks::
@@ -39,7 +45,11 @@ def _attend_block(
     offs_d, d_mask, sm_scale,
     FP32_DOT: tl.constexpr,
 ):  # fmt: skip
-    """One online-softmax step over a block of keys. ``valid``: [M, N] mask of visible keys."""
+    """One online-softmax step over a block of keys. ``valid``: [M, N] mask of visible keys.
+
+    K/V are converted from their storage dtype (fp8 included) to the dot's; ``sm_scale`` already
+    holds K's dequantization scale and the caller applies V's to the final output.
+    """
     n_mask = tl.max(valid.to(tl.int32), 0) > 0  # [N] keys any row may see
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(
@@ -73,7 +83,7 @@ def _extend_kernel(
     block_req_ptr, block_m_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
-    sm_scale,
+    sm_scale, k_scale, v_scale,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
 ):  # fmt: skip
@@ -103,6 +113,7 @@ def _extend_kernel(
     if FP32_DOT:
         q = q.to(tl.float32)
     q_pos = prefix + offs_m  # [M] absolute positions
+    qk_scale = sm_scale * k_scale  # dequantizes K for free
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -115,9 +126,9 @@ def _extend_kernel(
         valid = (offs_n[None, :] <= q_pos[:, None]) & in_row[None, :] & m_mask[:, None]
         m_i, l_i, acc = _attend_block(
             q, m_i, l_i, acc, k_ptr, v_ptr, slots, valid, kv_head,
-            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, sm_scale, FP32_DOT,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale, FP32_DOT,
         )  # fmt: skip
-    out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
         out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
@@ -130,7 +141,7 @@ def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr,
     req_to_token_ptr, req_idx_ptr, seq_lens_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
-    sm_scale,
+    sm_scale, k_scale, v_scale,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr,
@@ -157,6 +168,7 @@ def _decode_split_kernel(
     )
     if FP32_DOT:
         q = q.to(tl.float32)
+    qk_scale = sm_scale * k_scale  # dequantizes K for free
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
@@ -167,11 +179,11 @@ def _decode_split_kernel(
         valid = in_row[None, :] & (offs_h[:, None] >= 0)  # [H, N]
         m_i, l_i, acc = _attend_block(
             q, m_i, l_i, acc, k_ptr, v_ptr, slots, valid, kv_head,
-            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, sm_scale, FP32_DOT,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale, FP32_DOT,
         )  # fmt: skip
     # part_o: [B, Hq, NUM_SPLITS, BLOCK_D] float32, part_lse: [B, Hq, NUM_SPLITS]
     empty = l_i == 0.0
-    o = acc / tl.where(empty, 1.0, l_i)[:, None]
+    o = acc * v_scale / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("-inf"), m_i + tl.log(tl.where(empty, 1.0, l_i)))
     base = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [H]
     tl.store(part_lse_ptr + base, lse, mask=h_mask)
@@ -242,10 +254,13 @@ def extend_attention(
     block_req: torch.Tensor,
     block_m: torch.Tensor,
     sm_scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Causal attention of ragged new tokens over their paged rows; fills ``out`` ``[T, Hq, D]``.
 
-    The new tokens' K/V must already be in ``k_buf``/``v_buf`` at their slots.
+    The new tokens' K/V must already be in ``k_buf``/``v_buf`` at their slots. ``k_scale``,
+    ``v_scale``: dequantization scales of an fp8 pool (``KVPool.get_kv_scales``).
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_buf.shape[1]
@@ -259,7 +274,7 @@ def extend_attention(
         block_req, block_m,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
-        sm_scale,
+        sm_scale, k_scale, v_scale,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=block_n, FP32_DOT=fp32,
         num_warps=4, num_stages=2,
@@ -288,6 +303,8 @@ def decode_attention(
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     sm_scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 2,
@@ -295,7 +312,8 @@ def decode_attention(
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
     ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` (float32) are scratch, with
-    ``S`` from :func:`decode_num_splits`. ``block_n``, ``num_warps``, ``num_stages``: tuning
+    ``S`` from :func:`decode_num_splits`. ``k_scale``, ``v_scale``: as in :func:`extend_attention`.
+    ``block_n``, ``num_warps``, ``num_stages``: tuning
     knobs (keys per loop step, default 64, 32 for float32; warps default 8 for head dim 128,
     4 below: the best of the settings swept by ``benchmarks/gpu/attention_bench.py`` on an H200).
     """
@@ -310,7 +328,7 @@ def decode_attention(
         req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
-        sm_scale,
+        sm_scale, k_scale, v_scale,
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n or (32 if fp32 else 64),
         NUM_SPLITS=num_splits, FP32_DOT=fp32,

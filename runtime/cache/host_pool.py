@@ -53,7 +53,7 @@ from typing import Any, ClassVar
 import torch
 
 from .allocator import TokenSlotAllocator
-from .kv_pool import KVPool
+from .kv_pool import FP8_DTYPES, KVPool
 
 __all__ = [
     "CudaStreamCopier",
@@ -294,8 +294,8 @@ class LayerReadiness:
             k_buf, v_buf = self._pool.get_kv(now)
             for load, staging in self._staged:
                 self._s.compute_waits(load.copied[now])
-                k_buf.index_copy_(0, load.dev_slots, staging[now, 0])
-                v_buf.index_copy_(0, load.dev_slots, staging[now, 1])
+                _raw(k_buf).index_copy_(0, load.dev_slots, _raw(staging[now, 0]))
+                _raw(v_buf).index_copy_(0, load.dev_slots, _raw(staging[now, 1]))
             self._scattered += 1
 
     def wait_all(self) -> None:
@@ -431,7 +431,7 @@ class CudaStreamCopier(KVCopier):
             d = _host_to_device(dev_slots, device.device, pin=s.pin_memory)
             for layer in range(device.num_layers):
                 for i, (src, dst) in enumerate(_k_and_v(device, host, layer)):
-                    rows = src.index_select(0, d)  # [T, kv_heads, head_dim], contiguous
+                    rows = _raw(src).index_select(0, d).view(src.dtype)  # [T, kv_heads, head_dim], contiguous
                     if bounce is not None:
                         bounce[layer, i].copy_(rows, non_blocking=True)
                         continue
@@ -440,8 +440,8 @@ class CudaStreamCopier(KVCopier):
         s.synchronize(s.copy)
         if bounce is not None:
             for layer in range(device.num_layers):
-                host.k_buffer[layer].index_copy_(0, host_slots, bounce[layer, 0])
-                host.v_buffer[layer].index_copy_(0, host_slots, bounce[layer, 1])
+                _raw(host.k_buffer[layer]).index_copy_(0, host_slots, _raw(bounce[layer, 0]))
+                _raw(host.v_buffer[layer]).index_copy_(0, host_slots, _raw(bounce[layer, 1]))
 
     def to_device(
         self, host: HostKVPool, host_slots: torch.Tensor, device: KVPool, dev_slots: torch.Tensor
@@ -460,6 +460,12 @@ class CudaStreamCopier(KVCopier):
 
     def reset(self) -> None:
         self.loader.reset()
+
+
+def _raw(buf: torch.Tensor) -> torch.Tensor:
+    """``buf`` as bytes when it is fp8 (same shape): ``index_copy_`` has no float8 kernel on the CPU
+    or CUDA in the torch versions we run, and these copies move stored values untouched anyway."""
+    return buf.view(torch.uint8) if buf.dtype in FP8_DTYPES else buf
 
 
 def _k_and_v(device: KVPool, host: HostKVPool, layer: int) -> tuple[tuple[torch.Tensor, torch.Tensor], ...]:

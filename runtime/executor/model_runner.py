@@ -15,6 +15,10 @@ Two load-time switches change the kernels, never the loop:
   float32 call per query row, :mod:`phloem.runtime.attention.batch_invariant`); a request's logits
   are then bit-identical whatever batch it runs in and whether its prefix came from the cache.
 - ``quantization``: ``int4`` / ``int8`` weight-only CPU layers (:mod:`phloem.runtime.layers.quant`).
+
+``kv_cache_dtype="fp8_e4m3"`` stores the KV pool as scaled fp8 (one byte per element, so about
+twice the tokens fit in the same memory); the attention backends dequantize on read. Accuracy on
+the default model: ``docs/benchmarks.md`` ("fp8 KV cache").
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ logger = logging.getLogger(__name__)
 SamplerFn = Callable[[torch.Tensor, SamplingInfo], torch.Tensor]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}  # besides "auto": the compute dtype
 _CPU_MAX_DEFAULT_TOKENS = 32768  # CPU pools stay modest unless max_total_tokens says otherwise
 _DEFAULT_MEM_FRACTION = {"cpu": 0.25, "cuda": 0.85}
 
@@ -102,6 +107,9 @@ class ModelRunner:
         :mod:`phloem.runtime.layers.quant`); ``int4`` takes a Q4_1 GGUF's blocks as they are.
     cpu_threads:
         torch intra-op threads on CPU (default: every core, ``os.cpu_count()``).
+    kv_cache_dtype:
+        ``auto`` (the compute dtype) or ``fp8_e4m3`` (scaled fp8, per-layer scales of 1.0; see
+        :class:`phloem.runtime.cache.kv_pool.KVPool`). Sizes the pool as well as its storage.
     """
 
     def __init__(
@@ -121,9 +129,11 @@ class ModelRunner:
         quantization: str | None = None,
         cpu_threads: int | None = None,
         cuda_graph_max_bs: int = 256,  # 0 disables decode CUDA graphs
+        kv_cache_dtype: str = "auto",
     ) -> None:
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
+        self.kv_dtype = _resolve_kv_dtype(kv_cache_dtype, self.dtype)
         self.deterministic = deterministic
         self.quantization = _resolve_quantization(quantization, self.device)
         if self.device.type == "cpu":
@@ -164,9 +174,9 @@ class ModelRunner:
             )
             self.cuda_graphs.capture()
         logger.info(
-            "model runner ready: dtype=%s device=%s attention=%s max_total_num_tokens=%d "
+            "model runner ready: dtype=%s kv_dtype=%s device=%s attention=%s max_total_num_tokens=%d "
             "max_running_requests=%d context_len=%d deterministic=%s quantization=%s threads=%d",
-            self.dtype, self.device, backend_name, self.max_total_num_tokens,
+            self.dtype, self.kv_dtype, self.device, backend_name, self.max_total_num_tokens,
             self.max_running_requests, self.context_len, deterministic, self.quantization,
             torch.get_num_threads(),
         )  # fmt: skip
@@ -200,7 +210,7 @@ class ModelRunner:
         if max_total_tokens is not None:
             return int(max_total_tokens)
         cfg = self.model_config
-        per_token = KVPool.bytes_per_token_for(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token_for(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
         fraction = mem_fraction if mem_fraction is not None else _DEFAULT_MEM_FRACTION[self.device.type]
         budget = _device_memory(self.device) * fraction - self.weight_bytes
         tokens = int(budget // per_token)
@@ -219,7 +229,7 @@ class ModelRunner:
             self.max_total_num_tokens + 1,
             cfg.num_kv_heads,
             cfg.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
 
@@ -488,6 +498,15 @@ def _resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if dtype not in _DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; expected auto, {', '.join(_DTYPES)}")
     return _DTYPES[dtype]
+
+
+def _resolve_kv_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
+    """The pool's storage dtype: the compute dtype for ``auto``."""
+    if kv_cache_dtype == "auto":
+        return dtype
+    if kv_cache_dtype not in _KV_DTYPES:
+        raise ValueError(f"unknown kv_cache_dtype {kv_cache_dtype!r}; expected auto, {', '.join(_KV_DTYPES)}")
+    return _KV_DTYPES[kv_cache_dtype]
 
 
 def _load_checkpoint(source: ModelSource) -> tuple[ModelConfig, dict[str, torch.Tensor] | None]:

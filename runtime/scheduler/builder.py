@@ -63,6 +63,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         quantization=None if args.quantization == "none" else args.quantization,
         cpu_threads=args.cpu_threads,
         cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
     pool_rows = runner.req_to_token_pool
     allocator = TokenSlotAllocator(runner.kv_pool.num_slots)
@@ -135,6 +136,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         "context_length": runner.context_len,
         "vocab_size": runner.vocab_size,
         "dtype": str(runner.dtype).removeprefix("torch."),
+        "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
         "device": str(runner.device),
         "attention_backend": runner.attention_backend_name,
         "available_mem_gb": round(getattr(runner, "available_mem_bytes", 0) / 2**30, 2),

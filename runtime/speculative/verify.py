@@ -148,12 +148,11 @@ class TreeVerifyAttention(AttentionBackend):
 
     def forward_verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.out_slots, k, v)
-        k_buf, v_buf = self.kv_pool.get_kv(layer)
         out = torch.empty_like(q)
         for start, n, keys, mask in self.verify_plan:
             q_r = q[start : start + n].transpose(0, 1)[None]  # [1, Hq, n, D]
-            k_r = k_buf[keys].transpose(0, 1)[None].to(q.dtype)  # [1, Hk, S, D]
-            v_r = v_buf[keys].transpose(0, 1)[None].to(q.dtype)
+            k_s, v_s = self.kv_pool.gather_kv(layer, keys, q.dtype)  # [S, Hk, D], dequantized
+            k_r, v_r = k_s.transpose(0, 1)[None], v_s.transpose(0, 1)[None]  # [1, Hk, S, D]
             o = varying_shape_sdpa(q_r, k_r, v_r, attn_mask=mask, scale=self.scale, enable_gqa=True)
             out[start : start + n] = o[0].transpose(0, 1)  # [n, Hq, D]
         return out

@@ -60,7 +60,7 @@ class TreeVerifyBackend(AttentionBackend):
     def forward_verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         self.kv_pool.set_kv(layer, self.node_slots, k, v)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
-        k_scale, v_scale = _scales(self.kv_pool, layer)
+        k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         if q.device.type == "cpu":  # the oracle: lets the padded layout be tested without a GPU
             return tree_verify_reference(
                 q, k_buf, v_buf,
@@ -80,11 +80,6 @@ class TreeVerifyBackend(AttentionBackend):
 
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         raise RuntimeError("TreeVerifyBackend only runs verify passes")
-
-
-def _scales(pool: Any, layer: int) -> tuple[float, float]:
-    get = getattr(pool, "get_kv_scales", None)
-    return get(layer) if get is not None else (1.0, 1.0)
 
 
 class VerifyGraphRunner:

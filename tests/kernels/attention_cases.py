@@ -2,7 +2,9 @@
 
 Shared by the fast-backend tests (and by the Triton-interpreter run, which imports it in a
 subprocess). Every call draws fresh inputs: scattered slots, a random ``req_to_token`` row per
-request, random cached prefix K/V.
+request, random cached prefix K/V. ``kv_dtype=torch.float8_e4m3fn`` makes the pool fp8 (with
+``kv_scales``); the oracle then runs on the dequantized pool, so the tolerance stays the compute
+dtype's: it checks the kernels, not fp8 rounding.
 """
 
 from __future__ import annotations
@@ -70,12 +72,19 @@ def make_batch(
     dtype: torch.dtype,
     device: str,
     seed: int,
+    kv_dtype: torch.dtype | None = None,
+    kv_scales: tuple[float, float] | None = None,
 ) -> Batch:
-    """A batch whose requests sit in shuffled ``req_to_token`` rows over scattered slots."""
+    """A batch whose requests sit in shuffled ``req_to_token`` rows over scattered slots.
+
+    ``kv_dtype``: the pool's storage dtype (default ``dtype``); ``kv_scales``: its ``(k, v)``
+    scales (fp8 pools only).
+    """
     gen = torch.Generator().manual_seed(seed)
     total = sum(prefix_lens) + sum(extend_lens)
     num_slots = total + 64
-    pool = KVPool(1, num_slots, heads.kv, heads.dim, dtype, device)
+    scales = {} if kv_scales is None else {"k_scales": [kv_scales[0]], "v_scales": [kv_scales[1]]}
+    pool = KVPool(1, num_slots, heads.kv, heads.dim, kv_dtype or dtype, device, **scales)
     # Random garbage in unused slots: a kernel reading the wrong slot fails loudly.
     pool.k_buffer[0].copy_(torch.randn(pool.k_buffer[0].shape, generator=gen) * 10)
     pool.v_buffer[0].copy_(torch.randn(pool.v_buffer[0].shape, generator=gen) * 10)
@@ -114,32 +123,48 @@ def make_batch(
 
 
 def _clone_pool(pool: KVPool, dtype: torch.dtype) -> KVPool:
+    """A ``dtype`` copy of ``pool`` holding its dequantized values (scales 1.0)."""
     out = KVPool(pool.num_layers, pool.num_slots, pool.num_kv_heads, pool.head_dim, dtype, pool.device)
-    out.k_buffer[0].copy_(pool.k_buffer[0])
-    out.v_buffer[0].copy_(pool.v_buffer[0])
+    k_scale, v_scale = pool.get_kv_scales(0)
+    out.k_buffer[0].copy_(pool.k_buffer[0].to(dtype) * k_scale)
+    out.v_buffer[0].copy_(pool.v_buffer[0].to(dtype) * v_scale)
     return out
 
 
 def compare_with_ref(backend_name: str, batch: Batch, num_heads: int) -> float:
     """Run ``backend_name`` and a float64 ``torch_ref`` on the same batch; return the relative error.
 
-    Also checks that the new K/V landed in the pool at ``out_slots`` and that nothing is NaN.
+    Also checks that the new K/V landed in the pool at ``out_slots`` and that nothing is NaN. The
+    oracle runs after the fast backend, on a float64 copy of the pool that then holds the new K/V
+    as stored (for an fp8 pool: rounded to fp8), so both attend over the same values.
     """
     dtype = batch.q.dtype
-    ref_pool = _clone_pool(batch.pool, torch.float64)
-    ref = get_attention_backend_class("torch_ref")(ref_pool, batch.rtt, num_heads=num_heads)
-    ref.init_metadata(batch.fi)
-    expect = ref.forward(batch.q.double(), batch.k.double(), batch.v.double(), 0)
-
     fast = get_attention_backend_class(backend_name)(batch.pool, batch.rtt, num_heads=num_heads)
     fast.init_metadata(batch.fi)
     out = fast.forward(batch.q, batch.k, batch.v, 0)
 
+    ref_pool = _clone_pool(batch.pool, torch.float64)
+    ref = get_attention_backend_class("torch_ref")(ref_pool, batch.rtt, num_heads=num_heads)
+    ref.init_metadata(batch.fi)
+    k_new, v_new = ref_pool.gather_kv(0, batch.fi.out_slots, torch.float64)  # batch.k, v as stored
+    expect = ref.forward(batch.q.double(), k_new, v_new, 0)
+
     assert out.shape == batch.q.shape and out.dtype == dtype
     assert not torch.isnan(out).any(), "NaN in output"
-    slots = batch.fi.out_slots
-    torch.testing.assert_close(batch.pool.k_buffer[0][slots], batch.k.to(batch.pool.dtype))
-    torch.testing.assert_close(batch.pool.v_buffer[0][slots], batch.v.to(batch.pool.dtype))
+    _check_new_kv_landed(batch)
     err = float((out.double() - expect).norm() / expect.norm())
     assert err < REL_TOL[dtype], f"relative error {err:.3e} over {REL_TOL[dtype]:.0e}"
     return err
+
+
+def _check_new_kv_landed(batch: Batch) -> None:
+    """The new K/V are in the pool at ``out_slots``: exactly, or within fp8 rounding (3 mantissa
+    bits: relative error <= 2^-4, absolute <= scale x 2^-10 among subnormals)."""
+    pool, slots = batch.pool, batch.fi.out_slots
+    if not pool.is_fp8:
+        torch.testing.assert_close(pool.k_buffer[0][slots], batch.k.to(pool.dtype))
+        torch.testing.assert_close(pool.v_buffer[0][slots], batch.v.to(pool.dtype))
+        return
+    k, v = pool.gather_kv(0, slots, torch.float64)
+    for got, want, scale in zip((k, v), (batch.k, batch.v), pool.get_kv_scales(0)):
+        torch.testing.assert_close(got, want.double(), rtol=2**-4, atol=scale * 2**-10)

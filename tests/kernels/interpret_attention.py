@@ -2,6 +2,8 @@
 
 ``TRITON_INTERPRET=1`` must be set before ``triton`` is imported, so this runs in its own process
 (see ``test_attention_triton_interpret.py``). Prints one line per case, exits non-zero on failure.
+``--fp8``: the same cases over an fp8 KV pool, with unit and non-unit scales
+(``test_triton_fp8.py``).
 """
 
 from __future__ import annotations
@@ -11,25 +13,38 @@ import sys
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import torch  # noqa: E402
+
 from tests.kernels.attention_cases import DTYPES, SMALL_BATCHES, SMALL_HEADS, compare_with_ref, make_batch  # noqa: E402
 
+# (k_scale, v_scale) of the fp8 runs: the default, and scales that make the kernels' folding visible
+FP8_SCALES = {"scale1": (1.0, 1.0), "scaled": (0.05, 0.02)}
 
-def main() -> int:
+
+def main(fp8: bool = False) -> int:
     failures = 0
+    pools = (
+        {f"fp8_{k}": (torch.float8_e4m3fn, s) for k, s in FP8_SCALES.items()} if fp8 else {"": (None, None)}
+    )
     for batch_name, (prefix, extend, mode) in SMALL_BATCHES.items():
         for heads_name, heads in SMALL_HEADS.items():
             # bf16 is left to the GPU test: the interpreter's tl.dot gives garbage for bf16
             # operands (numpy has no bf16; a bare 16x16 bf16 dot is off by 1e10 under triton 3.9).
             for dtype_name in ("fp32", "fp16"):
-                b = make_batch(prefix, extend, mode, heads, dtype=DTYPES[dtype_name], device="cpu", seed=7)
-                try:
-                    err = compare_with_ref("triton", b, heads.q)
-                    print(f"ok   {batch_name} {heads_name} {dtype_name} rel_err={err:.2e}")
-                except AssertionError as exc:
-                    failures += 1
-                    print(f"FAIL {batch_name} {heads_name} {dtype_name}: {exc}")
+                for pool_name, (kv_dtype, scales) in pools.items():
+                    name = f"{batch_name} {heads_name} {dtype_name} {pool_name}".rstrip()
+                    b = make_batch(
+                        prefix, extend, mode, heads, dtype=DTYPES[dtype_name], device="cpu", seed=7,
+                        kv_dtype=kv_dtype, kv_scales=scales,
+                    )  # fmt: skip
+                    try:
+                        err = compare_with_ref("triton", b, heads.q)
+                        print(f"ok   {name} rel_err={err:.2e}")
+                    except AssertionError as exc:
+                        failures += 1
+                        print(f"FAIL {name}: {exc}")
     return 1 if failures else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(fp8="--fp8" in sys.argv[1:]))

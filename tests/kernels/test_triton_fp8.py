@@ -1,0 +1,56 @@
+"""Triton paged attention over an fp8 KV pool against the ``torch_ref`` oracle.
+
+The oracle attends over the dequantized pool (``attention_cases.compare_with_ref``), so the
+tolerance is the compute dtype's: these tests check that the kernels load fp8 and apply the
+per-tensor scales, not how much fp8 rounding costs (``tests/unit/test_kv_fp8.py`` measures that).
+On the CPU the small cases run under Triton's interpreter in a child process; on CUDA the full
+tables run compiled.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .attention_cases import BATCHES, DTYPES, HEADS, compare_with_ref, make_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+FP8 = torch.float8_e4m3fn
+SCALES = {"scale1": (1.0, 1.0), "scaled": (0.05, 0.02)}
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs CUDA (CPU: the interpreter test)"
+)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled tests below run instead")
+def test_triton_fp8_kernels_under_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.kernels.interpret_attention", "--fp8"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("ok ") == 16, proc.stdout
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("scales", sorted(SCALES))
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("heads", ["gqa3_d64", "gqa4_d128"])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+def test_triton_fp8_matches_torch_ref(batch: str, heads: str, dtype: str, scales: str) -> None:
+    prefix_lens, extend_lens, mode = BATCHES[batch]
+    h = HEADS[heads]
+    b = make_batch(
+        prefix_lens, extend_lens, mode, h, dtype=DTYPES[dtype], device="cuda", seed=0,
+        kv_dtype=FP8, kv_scales=SCALES[scales],
+    )  # fmt: skip
+    compare_with_ref("triton", b, h.q)
