@@ -212,7 +212,7 @@ class ModelRunner:
         cfg = self.model_config
         per_token = KVPool.bytes_per_token_for(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
         fraction = mem_fraction if mem_fraction is not None else _DEFAULT_MEM_FRACTION[self.device.type]
-        budget = _device_memory(self.device) * fraction - self.weight_bytes
+        budget = kv_budget_bytes(_device_memory(self.device), _free_memory(self.device), fraction, self.weight_bytes)
         tokens = int(budget // per_token)
         if self.device.type == "cpu":
             tokens = min(tokens, _CPU_MAX_DEFAULT_TOKENS)
@@ -531,6 +531,21 @@ def _cast_parameters(model: nn.Module, dtype: torch.dtype) -> None:
     """Cast parameters only: buffers such as the RoPE tables stay float32."""
     for p in model.parameters():
         p.data = p.data.to(dtype)
+
+
+def kv_budget_bytes(total: int, free: int | None, fraction: float, weight_bytes: int) -> float:
+    """Bytes for the KV pool: ``fraction`` of the device holds the weights and the pool, and the
+    rest (``(1 - fraction) x total``) stays free for activations and graphs. On a shared GPU the
+    pool also shrinks by what other processes hold: it never takes more than ``free`` (measured with
+    the weights loaded) minus that same headroom."""
+    budget = total * fraction - weight_bytes
+    if free is not None:
+        budget = min(budget, free - (1.0 - fraction) * total)
+    return budget
+
+
+def _free_memory(device: torch.device) -> int | None:
+    return torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
 
 
 def _device_memory(device: torch.device) -> int:
