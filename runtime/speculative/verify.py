@@ -276,7 +276,9 @@ class TreeVerifier:
             logits, hidden = self.graphs.run(reqs)
             return logits, hidden, [b * self.graphs.nodes for b in range(len(reqs))]
         device = self.runner.device
-        ids, positions, starts = [], [], []
+        ids: list[int] = []
+        positions: list[int] = []
+        starts: list[int] = []
         for r in reqs:
             starts.append(len(ids))
             ids += r.tree.tokens
@@ -315,7 +317,11 @@ class TreeVerifier:
         """Move every accepted node into its request's row (one indexed write for the batch) and
         gather the accepted nodes' features (one gather)."""
         table = self.runner.req_to_token_pool.req_to_token
-        rows, cols, vals, feature_rows, results = [], [], [], [], []
+        rows: list[int] = []
+        cols: list[int] = []
+        feature_rows: list[int] = []
+        vals: list[torch.Tensor] = []
+        results: list[VerifyResult] = []
         for r, start, (nodes, tokens) in zip(reqs, starts, paths):
             kept = torch.tensor(nodes, dtype=torch.int64)
             rows += [r.req_pool_idx] * len(nodes)
