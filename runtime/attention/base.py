@@ -12,10 +12,12 @@ where ``T`` is the number of new tokens in the batch (flat, requests back to bac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.nn.functional as F
 from phloem.runtime.executor.forward_io import ForwardMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 if TYPE_CHECKING:
     from phloem.runtime.cache.host_pool import LayerReadiness
@@ -96,21 +98,14 @@ class AttentionBackend(ABC):
 # cuDNN's SDPA builds and caches an execution plan for every new shape: ~75 ms each on the H200
 # (measured), paid at every step whose key length is new. Callers whose shapes change from step to
 # step (EAGLE drafting, the per-request reference paths) choose among the other kernels.
-_VARYING_SHAPE_BACKENDS = None
+_VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def varying_shape_sdpa(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None, **kw
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_mask: torch.Tensor | None = None, **kw: Any
 ) -> torch.Tensor:
     """``F.scaled_dot_product_attention`` without the cuDNN backend on CUDA (same result)."""
-    import torch.nn.functional as F
-
     if q.device.type != "cuda":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kw)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    global _VARYING_SHAPE_BACKENDS
-    if _VARYING_SHAPE_BACKENDS is None:
-        _VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     with sdpa_kernel(_VARYING_SHAPE_BACKENDS):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kw)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
@@ -24,7 +25,7 @@ from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
 if TYPE_CHECKING:
     from phloem.runtime.attention.base import AttentionBackend
 
-__all__ = ["CudaGraphRunner", "capture_batch_sizes"]
+__all__ = ["CudaGraphRunner", "capture_batch_sizes", "capture_graphs"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,32 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
     if sizes[-1] != max_bs:
         sizes.append(max_bs)
     return sizes
+
+
+def capture_graphs(
+    batch_sizes: Sequence[int], run: Callable[[int], Any], device: torch.device
+) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, Any], Any]:
+    """Capture ``run(bs)`` for every size, largest first, on a side stream, all graphs in one memory
+    pool (the smaller ones reuse the largest one's memory). ``run`` must read its inputs from static
+    buffers. Returns the graphs, what each capture returned (its static outputs) and the pool."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, Any] = {}
+    pool: Any = None
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for bs in sorted(batch_sizes, reverse=True):
+            for _ in range(2):  # compile kernels and create library handles outside the capture
+                run(bs)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                outputs[bs] = run(bs)
+            if pool is None:
+                pool = graph.pool()
+            graphs[bs] = graph
+    torch.cuda.current_stream(device).wait_stream(stream)
+    torch.cuda.synchronize(device)
+    return graphs, outputs, pool
 
 
 class CudaGraphRunner:
@@ -111,21 +138,13 @@ class CudaGraphRunner:
         torch.cuda.empty_cache()  # so the reserved-memory difference is what the graphs keep
         reserved_before = torch.cuda.memory_reserved(self.device)
         start = time.perf_counter()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.batch_sizes):
-                fi = self._static_input(bs)
-                for _ in range(2):  # compile kernels and create library handles outside the capture
-                    self._run_model(fi)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    self.logits[bs] = self._run_model(fi)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[bs] = graph
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+
+        inputs = {bs: self._static_input(bs) for bs in self.batch_sizes}  # built outside the captures
+
+        def run(bs: int) -> torch.Tensor:
+            return self._run_model(inputs[bs])
+
+        self.graphs, self.logits, self.pool = capture_graphs(self.batch_sizes, run, self.device)
         self.capture_seconds = time.perf_counter() - start
         torch.cuda.empty_cache()  # the graphs' private pool stays; warm-up leftovers go
         self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved_before

@@ -28,7 +28,7 @@ import torch
 from phloem.runtime.attention.base import AttentionBackend
 from phloem.runtime.attention.triton_verify import tree_verify_attention, tree_verify_reference
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
-from phloem.runtime.executor.cuda_graph import capture_batch_sizes
+from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.executor.forward_io import ForwardMode
 from phloem.runtime.speculative.tree import ancestor_mask
 
@@ -140,21 +140,11 @@ class VerifyGraphRunner:
             return
         torch.cuda.synchronize(self.device)
         start = time.perf_counter()
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for bs in reversed(self.batch_sizes):
-                views = self._views(self.static, bs)
-                for _ in range(2):  # compile kernels outside the capture
-                    self._pass(views)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
-                    self.outputs[bs] = self._pass(views)
-                if self.pool is None:
-                    self.pool = graph.pool()
-                self.graphs[bs] = graph
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
+
+        def run(bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return self._pass(self._views(self.static, bs))
+
+        self.graphs, self.outputs, self.pool = capture_graphs(self.batch_sizes, run, self.device)
         self.capture_seconds = time.perf_counter() - start
         logger.info("captured %d verify graphs (batch 1..%d, %d nodes each) in %.2f s",
                     len(self.graphs), self.batch_sizes[-1], self.nodes, self.capture_seconds)  # fmt: skip

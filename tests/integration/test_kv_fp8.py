@@ -14,17 +14,8 @@ are in ``docs/benchmarks.md`` ("fp8 KV cache"). Run with ``-s`` to print them.
 from __future__ import annotations
 
 import pytest
+from phloem.bench.kv_fp8_accuracy import QUESTIONS  # the benchmark's prompts: its numbers and ours agree
 
-QUESTIONS = [
-    "What is the capital of France? Answer in one sentence.",
-    "Write a Python function that returns the square of a number.",
-    "Explain photosynthesis to a ten-year-old.",
-    "List three uses of a paperclip.",
-    "Translate 'good morning' into Spanish and German.",
-    "Why is the sky blue?",
-    "Give me a short poem about the sea.",
-    "What are the main differences between a cat and a dog as pets?",
-]
 MAX_NEW_TOKENS = 8
 
 
