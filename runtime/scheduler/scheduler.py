@@ -351,6 +351,8 @@ class Scheduler:
         if reqs and slots is None:
             raise RuntimeError("KV pool accounting error: no slot for a decode step after retraction")
         write_decode_slots(self.req_pool.req_to_token, reqs, slots)
+        for req in reqs:
+            req.extend_len = 1  # Req.extend_len: new tokens in the pass being built
         return reqs, slots
 
     def _schedule_decode(self) -> ScheduledBatch | None:
