@@ -104,14 +104,15 @@ class VerifyGraphRunner:
         )
         self.batch_sizes = capture_batch_sizes(max_bs) if max_bs > 0 else []
         cap = max(self.batch_sizes, default=0)
-        self.static = self._buffers(cap)
+        self.static = self._padded(cap, self.device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool: Any = None
         self.capture_seconds = 0.0
 
-    def _buffers(self, bs: int) -> dict[str, torch.Tensor]:
-        n, dev = bs * self.nodes, self.device
+    def _padded(self, bs: int, dev: torch.device) -> dict[str, torch.Tensor]:
+        """Inputs of ``bs`` requests that are all padding (every node sees only itself)."""
+        n = bs * self.nodes
         eye = torch.eye(self.nodes, dtype=torch.int8, device=dev)
         return {
             "input_ids": torch.zeros(n, dtype=torch.int64, device=dev),
@@ -152,12 +153,9 @@ class VerifyGraphRunner:
     def host_inputs(self, reqs: Sequence[Any], bs: int) -> dict[str, torch.Tensor]:
         """The padded inputs of ``reqs`` (``VerifyRequest``s) for a batch of ``bs >= len(reqs)``."""
         n = self.nodes
-        ids = torch.zeros(bs * n, dtype=torch.int64)
-        pos = torch.zeros(bs * n, dtype=torch.int64)
-        slots = torch.full((bs * n,), PADDING_SLOT, dtype=torch.int64)
-        rows = torch.zeros(bs, dtype=torch.int64)
-        prefix = torch.zeros(bs, dtype=torch.int64)
-        mask = torch.eye(n, dtype=torch.int8).expand(bs, -1, -1).contiguous()
+        host = self._padded(bs, torch.device("cpu"))
+        ids, pos, slots = host["input_ids"], host["positions"], host["node_slots"]
+        rows, prefix, mask = host["req_pool_indices"], host["prefix_lens"], host["tree_mask"]
         for b, r in enumerate(reqs):
             size = len(r.tree)
             if size > n:
@@ -168,8 +166,7 @@ class VerifyGraphRunner:
             slots[lo : lo + size] = r.slots
             rows[b], prefix[b] = r.req_pool_idx, r.kv_len
             mask[b, :size, :size] = ancestor_mask(r.tree.parents).to(torch.int8)
-        return {"input_ids": ids, "positions": pos, "node_slots": slots, "req_pool_indices": rows,
-                "prefix_lens": prefix, "tree_mask": mask}  # fmt: skip
+        return host
 
     @torch.inference_mode()
     def run(self, reqs: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
