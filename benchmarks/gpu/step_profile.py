@@ -63,10 +63,11 @@ def make_reqs(rt: Any, batch: int, input_len: int, max_new: int, tag: str) -> li
     from phloem.runtime.speculative.train import DEFAULT_PROMPTS, read_prompts
 
     prompts = read_prompts(DEFAULT_PROMPTS)
+    vocab = rt.runner.vocab_size
     reqs = []
     for i in range(batch):
         text = rt.tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}])
-        ids = rt.tokenizer.encode(text)
+        ids = [t % vocab for t in rt.tokenizer.encode(text)]  # a tiny test shape has a small vocab
         if input_len:
             ids = (ids * (input_len // max(len(ids), 1) + 1))[:input_len]
         params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
+from phloem.runtime.host_copy import to_device
 
 from .allocator import TokenSlotAllocator
 from .radix_tree import Node, RadixTree
@@ -295,7 +296,7 @@ class CacheManager:
         if m.length != kv_len:
             raise RuntimeError(f"re-match after insert found {m.length} of {kv_len} tokens")
         start = handle.prefix_len
-        self._req_to_token[req_row, start:kv_len] = m.slots[start:].to(self._req_to_token.device)
+        self._req_to_token[req_row, start:kv_len] = to_device(m.slots[start:], self._req_to_token.device)
         if self._hicache is not None:
             self._hicache.on_insert(m.last_node)
         self._tree.lock(m.last_node)

@@ -103,36 +103,38 @@ class ForwardInput:
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
 
-    def to(self, device: torch.device | str, non_blocking: bool = True) -> ForwardInput:
-        """Copy every tensor to ``device`` (host buffers should be pinned for a real async copy)."""
+    def to(self, device: torch.device | str) -> ForwardInput:
+        """Every tensor on ``device``. On a GPU the host tensors travel packed, one pinned staging
+        buffer and one asynchronous copy per dtype (:func:`~phloem.runtime.host_copy.
+        pack_to_device`), so the caller's thread never waits for the stream."""
+        from phloem.runtime.host_copy import pack_to_device
 
-        def mv(x):
-            return x.to(device, non_blocking=non_blocking) if isinstance(x, torch.Tensor) else x
-
-        s = self.sampling
-        sampling = SamplingInfo(**{k: mv(v) for k, v in vars(s).items()})
-        lp = self.logprobs
+        s, lp = self.sampling, self.logprobs
+        sampling_fields = vars(s)
+        top = [self.input_ids, self.positions, self.out_slots, self.req_pool_indices, self.seq_lens,
+               self.prefix_lens, self.extend_lens]  # fmt: skip
+        samp = [v if isinstance(v, torch.Tensor) else None for v in sampling_fields.values()]
+        lp_t = [lp.return_logprob] if lp is not None else []
+        moved = pack_to_device([*top, *samp, *lp_t], torch.device(device))
+        it = iter(moved)
+        ids, pos, slots, rows, seq, prefix, extend = (next(it) for _ in range(len(top)))
+        sampling = SamplingInfo(**{
+            k: (m if isinstance(v, torch.Tensor) else v)
+            for (k, v), m in zip(sampling_fields.items(), (next(it) for _ in samp))
+        })  # fmt: skip
         if lp is not None:
             lp = LogprobRequest(
-                return_logprob=mv(lp.return_logprob),
+                return_logprob=next(it),  # type: ignore[arg-type]
                 top_logprobs_nums=lp.top_logprobs_nums,
                 token_ids_logprob=lp.token_ids_logprob,
                 input_logprob_starts=lp.input_logprob_starts,
             )
         return ForwardInput(
-            mode=self.mode,
-            input_ids=mv(self.input_ids),
-            positions=mv(self.positions),
-            out_slots=mv(self.out_slots),
-            req_pool_indices=mv(self.req_pool_indices),
-            seq_lens=mv(self.seq_lens),
-            prefix_lens=mv(self.prefix_lens),
-            extend_lens=mv(self.extend_lens),
-            sampling=sampling,
-            logprobs=lp,
-            tree_parents=self.tree_parents,
+            mode=self.mode, input_ids=ids, positions=pos, out_slots=slots,  # type: ignore[arg-type]
+            req_pool_indices=rows, seq_lens=seq, prefix_lens=prefix, extend_lens=extend,  # type: ignore[arg-type]
+            sampling=sampling, logprobs=lp, tree_parents=self.tree_parents,
             return_hidden_states=self.return_hidden_states,
-        )
+        )  # fmt: skip
 
 
 @dataclass

@@ -41,6 +41,7 @@ from phloem.runtime.executor.forward_io import (
     SamplingInfo,
     TokenLogprobs,
 )
+from phloem.runtime.host_copy import to_device
 from phloem.runtime.model_files import ModelSource
 from phloem.runtime.models.config import ModelConfig
 from phloem.runtime.models.registry import get_model_class
@@ -450,7 +451,7 @@ def _resolve_mask(mask: Any, device: torch.device) -> torch.Tensor | None:
     if mask is not None and hasattr(mask, "result"):
         mask = mask.result()
     if mask is not None and mask.device != device:
-        mask = mask.to(device, non_blocking=True)
+        mask = to_device(mask, device)
     return mask
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from phloem.runtime.cache.host_pool import KVLoad
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput
+from phloem.runtime.host_copy import to_device
 
 
 class FutureMap:
@@ -38,7 +39,8 @@ class FutureMap:
         self._next = 1
 
     def reserve(self, n: int) -> torch.Tensor:
-        """Future ids for the ``n`` rows of a step about to be launched (scheduler side)."""
+        """Future ids for the ``n`` rows of a step about to be launched (scheduler side): always a
+        contiguous range, so storing into them is a slice copy (no index tensor to move)."""
         if self._next + n > self.size + 1:
             self._next = 1
         ids = torch.arange(self._next, self._next + n, dtype=torch.int64)
@@ -47,11 +49,14 @@ class FutureMap:
 
     def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
         # [T]: negative ids are futures. No data-dependent branch: it would sync a GPU stream.
-        ids = input_ids.to(self.buf.device, non_blocking=True)
+        ids = to_device(input_ids, self.buf.device)
         return torch.where(ids < 0, self.buf[(-ids).clamp(min=0)], ids)
 
     def store(self, future_ids: torch.Tensor, tokens: torch.Tensor) -> None:
-        self.buf[future_ids.to(self.buf.device)] = tokens.to(self.buf.device)
+        if future_ids.numel() == 0:
+            return
+        first = int(future_ids[0])  # host tensor: no device read
+        self.buf[first : first + future_ids.numel()].copy_(tokens, non_blocking=True)
 
 
 class InlineWorker:

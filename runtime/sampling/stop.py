@@ -123,6 +123,8 @@ class StopChecker:
             "skip_special_tokens": params.skip_special_tokens,
             "spaces_between_special_tokens": params.spaces_between_special_tokens,
         }
+        # One new token and only token stops: the per-token decode loop takes a short path.
+        self._tokens_only = not (self.stop_strs or self.stop_regexes)
         longest = max((len(s.encode("utf-8")) for s in self.stop_strs), default=0)
         self._str_window = longest + 4  # tokens; slack for split characters and skipped specials
 
@@ -137,6 +139,8 @@ class StopChecker:
             How many of them this step added (at the end).
         """
         n = len(output_ids)
+        if num_new == 1 and self._tokens_only:
+            return self._check_one_token(output_ids, n)
         first_new = n - num_new
         floor = self.params.min_new_tokens
         candidates: list[tuple[int, int, FinishReason]] = []  # (keep, priority, reason)
@@ -154,6 +158,17 @@ class StopChecker:
         if not candidates:
             return None
         return min(candidates, key=lambda c: (c[0], c[1]))[2]
+
+    def _check_one_token(self, output_ids: Sequence[int], n: int) -> FinishReason | None:
+        """``check`` for one new token and no text stops (same precedence: the earlier ``keep``
+        wins, a stop token before the length limit at equal ``keep``)."""
+        limit = self.params.max_new_tokens
+        token = output_ids[-1]
+        if token in self.stop_token_ids and n - 1 >= self.params.min_new_tokens and n <= limit:
+            return FinishReason.stop_matched(token, keep=n)
+        if n >= limit:
+            return FinishReason.length(limit, keep=limit)
+        return None
 
     # ------------------------------------------------------------------ token stops
     def _first_stop_token(self, ids: Sequence[int], lo: int) -> tuple[int, int, FinishReason] | None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
+from phloem.runtime.host_copy import pack_to_device, to_device
 from phloem.runtime.scheduler.req import Req
 
 
@@ -32,9 +33,10 @@ class ScheduledBatch:
     # Speculative decode step: one SpecRow per request (already drafted), slots of all tree nodes.
     spec_rows: list[Any] | None = None
     spec_slots: torch.Tensor | None = None
-    # Plain decode step: the slot of each row's new token (host), as allocated; saves gathering
-    # them back out of the device-side req_to_token table.
-    out_slots: torch.Tensor | None = None
+    # Plain decode step: [3, B] host tensor of each row's req_to_token row, its kv_len before
+    # the step (the new token's position) and the slot allocated for it (write_decode_slots);
+    # saves gathering slots back out of the device-side req_to_token table.
+    decode_index: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -50,18 +52,22 @@ def build_forward_input(
 ) -> ForwardInput:
     """Flatten the batch. ``input_ids`` are the new tokens of every row in order (futures are
     negative); positions and output slots come from each request's ``kv_len`` before this step."""
-    prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
-    extend = torch.tensor(batch.extend_lens, dtype=torch.int64)
-    rows = torch.tensor([r.req_pool_idx for r in batch.reqs], dtype=torch.int64)
-    if batch.out_slots is not None:  # plain decode: one new token per row, slots known
-        positions, out_slots = prefix.clone(), batch.out_slots
+    if batch.decode_index is not None:  # plain decode: one new token per row, slots known
+        rows, prefix, out_slots = batch.decode_index
+        extend = torch.ones_like(prefix)
+        positions = prefix
     else:
+        prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
+        extend = torch.tensor(batch.extend_lens, dtype=torch.int64)
+        rows = torch.tensor([r.req_pool_idx for r in batch.reqs], dtype=torch.int64)
         # positions: for row r, prefix[r] .. prefix[r] + extend[r] - 1 (plain lists: these tensors
         # are small and torch's per-op overhead dominates)
         pos = [p + j for p, e in zip(batch.prefix_lens, batch.extend_lens) for j in range(e)]
         row_ids = [r.req_pool_idx for r, e in zip(batch.reqs, batch.extend_lens) for _ in range(e)]
         positions = torch.tensor(pos, dtype=torch.int64)
-        out_slots = req_to_token[torch.tensor(row_ids, dtype=torch.int64), positions]
+        dev = req_to_token.device
+        index = to_device(torch.tensor([row_ids, pos], dtype=torch.int64), dev)  # asynchronous
+        out_slots = req_to_token[index[0], index[1]]
     logprobs = _logprob_request(batch)
     return ForwardInput(
         mode=batch.mode,
@@ -103,14 +109,14 @@ def gather_new_tokens(batch: ScheduledBatch, token_of: Callable[[Req], int]) -> 
     return ids
 
 
-def write_decode_slots(req_to_token: torch.Tensor, reqs: Sequence[Req], slots: torch.Tensor | None) -> None:
+def write_decode_slots(req_to_token: torch.Tensor, reqs: Sequence[Req], slots: torch.Tensor) -> torch.Tensor:
     """``req_to_token[row, kv_len] = slot`` for every decode row, as one indexed write (a device
-    table would otherwise take one small copy per row)."""
-    if not reqs or slots is None:
-        return
-    rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-    cols = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-    dev = req_to_token.device
-    if dev.type != "cpu":
-        rows, cols, slots = (t.to(dev, non_blocking=True) for t in (rows, cols, slots))
-    req_to_token[rows, cols] = slots
+    table would otherwise take one small copy per row). Returns the host ``[3, B]`` index
+    (rows, kv_lens, slots) for :attr:`ScheduledBatch.decode_index`."""
+    index = torch.empty((3, len(reqs)), dtype=torch.int64)
+    index[:2] = torch.tensor([[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]], dtype=torch.int64)
+    index[2] = slots
+    (dev,) = pack_to_device([index], req_to_token.device)
+    assert dev is not None
+    req_to_token[dev[0], dev[1]] = dev[2]
+    return index

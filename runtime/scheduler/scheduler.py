@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
+from phloem.runtime.host_copy import to_device
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.batch import (
     ScheduledBatch,
@@ -291,8 +292,8 @@ class Scheduler:
             return False
         req.req_pool_idx = row
         table = self.req_pool.req_to_token
-        table[row, : req.prefix_len] = req.match.slots[: req.prefix_len]
-        table[row, req.prefix_len : req.prefix_len + req.extend_len] = slots
+        table[row, : req.prefix_len] = to_device(req.match.slots[: req.prefix_len], table.device)
+        table[row, req.prefix_len : req.prefix_len + req.extend_len] = to_device(slots, table.device)
         req.kv_len = req.prefix_len
         return True
 
@@ -306,7 +307,8 @@ class Scheduler:
             if slots is None:
                 req.finish(_too_big())
                 return False
-        self.req_pool.req_to_token[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = slots
+        table = self.req_pool.req_to_token
+        table[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = to_device(slots, table.device)
         return True
 
     def _make_prefill_batch(self, adder: PrefillAdder) -> ScheduledBatch:
@@ -318,9 +320,7 @@ class Scheduler:
             batch.discard.append(req.is_chunked or req.params.max_new_tokens == 0)
             batch.chunk.append(req.is_chunked)
             batch.prefill_row.append(True)
-            batch.input_logprob_from.append(
-                max(req.logprob_start_len, 0) if req.wants_input_logprobs else -1
-            )
+            batch.input_logprob_from.append(max(req.logprob_start_len, 0) if req.wants_input_logprobs else -1)
         if self.cfg.enable_mixed_chunk and self.running:
             decode, _ = self._decode_rows()
             if decode:
@@ -347,21 +347,21 @@ class Scheduler:
             if self.cache.available_size < len(reqs):
                 self._retract_until(len(reqs))
                 reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
-        slots = self.cache.alloc(len(reqs)) if reqs else None
-        if reqs and slots is None:
+        slots = self.cache.alloc(len(reqs))
+        if slots is None:
             raise RuntimeError("KV pool accounting error: no slot for a decode step after retraction")
-        write_decode_slots(self.req_pool.req_to_token, reqs, slots)
+        index = write_decode_slots(self.req_pool.req_to_token, reqs, slots)
         for req in reqs:
             req.extend_len = 1  # Req.extend_len: new tokens in the pass being built
-        return reqs, slots
+        return reqs, index
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         if self.spec is not None and self._all_spec_eligible():
             return self._schedule_spec_decode()
-        reqs, slots = self._decode_rows()
+        reqs, index = self._decode_rows()
         if not reqs:
             return None
-        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, out_slots=slots)
+        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, decode_index=index)
         return self._decode_batch(batch, extend=1)
 
     def _decode_batch(self, batch: ScheduledBatch, *, extend: int) -> ScheduledBatch:
@@ -397,8 +397,14 @@ class Scheduler:
         if not reqs:
             return None
         rows = [
-            SpecRow(r.req_pool_idx, r.kv_len, r.fill_ids, self.spec.sampling_of(r.params),
-                    r.remaining_new_tokens, grammar=r.grammar)
+            SpecRow(
+                r.req_pool_idx,
+                r.kv_len,
+                r.fill_ids,
+                self.spec.sampling_of(r.params),
+                r.remaining_new_tokens,
+                grammar=r.grammar,
+            )
             for r in reqs
         ]
         slots = self.cache.alloc(self.spec.plan(rows))
@@ -431,11 +437,12 @@ class Scheduler:
         # EAGLE follows every computed token: plain passes return the target's hidden states
         fi.return_hidden_states = self.spec is not None and self.spec.needs_hidden
         batch.future_ids = future_ids
+        first_future = int(future_ids[0]) if len(batch.reqs) else 0  # reserve() gives a range
         for i, req in enumerate(batch.reqs):
             req.kv_len += batch.extend_lens[i]
             if keep[i]:
                 req.pending_outputs += 1
-                req.future_ref = int(future_ids[i])
+                req.future_ref = first_future + i
         # Requests whose prefill completes join the running set now, so the next step (which may
         # be launched before this one is processed) already decodes them.
         for i, req in enumerate(batch.reqs):
@@ -474,8 +481,11 @@ class Scheduler:
                 self._follow_spec(batch, i, req, tokens[i], out)
             if batch.discard[i]:
                 self._after_discarded_row(
-                    req, lp, is_chunk=batch.chunk[i],
-                    batch_prefix=batch.prefix_lens[i], batch_extend=batch.extend_lens[i],
+                    req,
+                    lp,
+                    is_chunk=batch.chunk[i],
+                    batch_prefix=batch.prefix_lens[i],
+                    batch_extend=batch.extend_lens[i],
                 )
                 continue
             req.pending_outputs -= 1
@@ -790,8 +800,12 @@ class Scheduler:
         logger.info(
             "Prefill batch. #new-seq: %d, #new-token: %d, #cached-token: %d, token usage: %.2f, "
             "#running-req: %d, #queue-req: %d",
-            len(batch.reqs), new_tokens, cached, self.live_stats()["token_usage"],
-            len(self.running), len(self.waiting),
+            len(batch.reqs),
+            new_tokens,
+            cached,
+            self.live_stats()["token_usage"],
+            len(self.running),
+            len(self.waiting),
         )
 
     def _log_decode(self) -> None:
@@ -803,8 +817,12 @@ class Scheduler:
         logger.info(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
             "gen throughput (token/s): %.2f, #queue-req: %d%s",
-            len(self.running), self.cache.total_size - self.cache.available_size,
-            self.live_stats()["token_usage"], self.stats.gen_throughput, len(self.waiting), accept,
+            len(self.running),
+            self.cache.total_size - self.cache.available_size,
+            self.live_stats()["token_usage"],
+            self.stats.gen_throughput,
+            len(self.waiting),
+            accept,
         )
 
 
@@ -815,7 +833,6 @@ class SchedulerCounters:
     num_retracted: int = 0
     gen_throughput: float = 0.0
     jump_forward_tokens: int = 0
-
 
 
 def _too_big() -> FinishReason:

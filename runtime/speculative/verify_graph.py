@@ -30,6 +30,7 @@ from phloem.runtime.attention.triton_verify import tree_verify_attention, tree_v
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.host_copy import pack_to_device
 from phloem.runtime.speculative.tree import ancestor_mask
 
 __all__ = ["TreeVerifyBackend", "VerifyGraphRunner"]
@@ -175,9 +176,10 @@ class VerifyGraphRunner:
         padded = next((s for s in self.batch_sizes if s >= len(reqs)), None)
         if padded is None:  # beyond the graphs: the same pass, eagerly
             host = self.host_inputs(reqs, len(reqs))
-            return self._pass({k: v.to(self.device, non_blocking=True) for k, v in host.items()})
+            return self._pass(dict(zip(host, pack_to_device(list(host.values()), self.device))))  # type: ignore[arg-type]
         host = self.host_inputs(reqs, padded)
+        dev = dict(zip(host, pack_to_device(list(host.values()), self.device)))
         for k, v in self._views(self.static, padded).items():
-            v.copy_(host[k], non_blocking=True)
+            v.copy_(dev[k])
         self.graphs[padded].replay()
         return self.outputs[padded]

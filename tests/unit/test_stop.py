@@ -193,3 +193,29 @@ def test_stop_strings_need_a_tokenizer():
     with pytest.raises(ValueError):
         checker(None, stop=["x"])
     assert checker(None).check([1, 3], 1) is None
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        dict(max_new_tokens=6),
+        dict(max_new_tokens=6, min_new_tokens=3),
+        dict(max_new_tokens=4, stop_token_ids=[7]),
+        dict(max_new_tokens=5, ignore_eos=True, stop_token_ids=[9]),
+    ],
+)
+def test_one_token_short_path_matches_general_path(params) -> None:
+    """The one-token path (no text stops) gives the general path's answer on every prefix."""
+    import random
+
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.choice([EOS, 7, 9, 11, 12]) for _ in range(rng.randint(1, 8))]
+        fast = checker(**params)
+        general = checker(**params)
+        general._tokens_only = False
+        assert fast._tokens_only
+        a, b = fast.check(ids, 1), general.check(ids, 1)
+        assert (a is None) == (b is None), ids
+        if a is not None:
+            assert vars(a) == vars(b), ids

@@ -1,0 +1,108 @@
+"""Host-to-device copies: packed per dtype, values and shapes kept, and (on a GPU) the host does
+not wait for work already queued on the stream."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest
+from phloem.runtime.executor.model_runner import greedy_sampling_info
+from phloem.runtime.host_copy import pack_to_device, to_device
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def _mixed() -> list[torch.Tensor | None]:
+    g = torch.Generator().manual_seed(0)
+    return [
+        torch.randint(0, 100, (7,), generator=g),
+        None,
+        torch.rand(3, 5, generator=g),
+        torch.randint(0, 9, (2, 4), generator=g, dtype=torch.int32),
+        torch.tensor([True, False, True]),
+        torch.empty(0, dtype=torch.int64),
+        torch.randint(0, 100, (4,), generator=g),
+    ]
+
+
+def _fi() -> ForwardInput:
+    ids = torch.tensor([5, -3, 7])
+    return ForwardInput(
+        mode=ForwardMode.DECODE, input_ids=ids, positions=torch.tensor([4, 9, 2]),
+        out_slots=torch.tensor([11, 12, 13]), req_pool_indices=torch.tensor([0, 2, 1]),
+        seq_lens=torch.tensor([5, 10, 3]), prefix_lens=torch.tensor([4, 9, 2]),
+        extend_lens=torch.ones(3, dtype=torch.int64), sampling=greedy_sampling_info(3),
+        logprobs=LogprobRequest(torch.tensor([True, False, False]), [0, 2, 0], [None, None, [1]]),
+    )  # fmt: skip
+
+
+def _same(a: ForwardInput, b: ForwardInput) -> None:
+    for name in (
+        "input_ids",
+        "positions",
+        "out_slots",
+        "req_pool_indices",
+        "seq_lens",
+        "prefix_lens",
+        "extend_lens",
+    ):
+        assert torch.equal(getattr(a, name).cpu(), getattr(b, name).cpu()), name
+    for name, v in vars(a.sampling).items():
+        w = getattr(b.sampling, name)
+        assert torch.equal(v.cpu(), w.cpu()) if isinstance(v, torch.Tensor) else v == w, name
+    assert a.logprobs is not None and b.logprobs is not None
+    assert torch.equal(a.logprobs.return_logprob.cpu(), b.logprobs.return_logprob.cpu())
+    assert a.logprobs.top_logprobs_nums == b.logprobs.top_logprobs_nums
+
+
+def test_cpu_target_keeps_values() -> None:
+    src = _mixed()
+    out = pack_to_device(src, torch.device("cpu"))
+    for a, b in zip(src, out):
+        assert (a is None and b is None) or torch.equal(a, b)
+    t = torch.arange(4)
+    assert to_device(t, torch.device("cpu")) is t
+    fi = _fi()
+    _same(fi, fi.to("cpu"))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_pack_values_shapes_and_views() -> None:
+    dev = torch.device("cuda")
+    src = _mixed()
+    big = torch.rand(300, 300).pin_memory()  # pinned and large: copied on its own
+    already = torch.arange(5, device=dev)
+    out = pack_to_device([*src, big, already], dev)
+    for a, b in zip([*src, big, already], out):
+        if a is None:
+            assert b is None
+            continue
+        assert b is not None and b.device.type == "cuda" and b.dtype == a.dtype and b.shape == a.shape
+        assert torch.equal(a.cpu(), b.cpu())
+    assert out[-1] is already
+    # the int64 tensors share one device buffer (one copy)
+    i64 = [o for o, a in zip(out, src) if a is not None and a.dtype == torch.int64 and a.numel()]
+    assert i64[0].untyped_storage().data_ptr() == i64[1].untyped_storage().data_ptr()
+    _same(_fi(), _fi().to(dev))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_copies_do_not_wait_for_queued_work() -> None:
+    """A pageable copy would synchronize the stream first; these must return while a long kernel
+    is still queued (the stream is observed busy right after they return)."""
+    dev = torch.device("cuda")
+    table = torch.zeros(4, 16, dtype=torch.int64, device=dev)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time on the stream
+    out = pack_to_device([torch.arange(6), torch.rand(3)], dev)
+    slot = to_device(torch.tensor([3, 4]), dev)
+    fi = _fi().to(dev)
+    table[torch.tensor([1, 2], device=dev), torch.tensor([0, 1], device=dev)] = slot
+    busy = not torch.cuda.current_stream().query()
+    torch.cuda.synchronize()
+    assert busy, "a host-to-device copy waited for the queued kernel"
+    assert out[0] is not None and out[0].tolist() == list(range(6))
+    assert table[1, 0].item() == 3 and table[2, 1].item() == 4
+    assert fi.input_ids.tolist() == [5, -3, 7]
