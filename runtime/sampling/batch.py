@@ -14,6 +14,7 @@ token; step counters and ``min_new_tokens`` use ``num_outputs_launched`` when th
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -21,6 +22,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from phloem.runtime.executor.forward_io import SamplingInfo
+from phloem.runtime.host_copy import pack_to_device
 from phloem.runtime.sampling.params import SamplingParams
 
 _INT64_MAX = (1 << 63) - 1
@@ -64,14 +66,23 @@ class SamplingBatchBuilder:
         The model's end-of-sequence ids; banned, with ``stop_token_ids``, below ``min_new_tokens``.
     pin_memory : bool
         Allocate host tensors in pinned memory (for asynchronous copies to a GPU).
+    device : torch.device, optional
+        Where the per-batch columns live once built (the model's device). They are copied there
+        once per batch composition instead of once per step; per-step parts stay on the host.
     """
 
     def __init__(
-        self, vocab_size: int, *, eos_token_ids: Iterable[int] = (), pin_memory: bool = False
+        self,
+        vocab_size: int,
+        *,
+        eos_token_ids: Iterable[int] = (),
+        pin_memory: bool = False,
+        device: torch.device | None = None,
     ) -> None:
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(sorted(set(eos_token_ids)))
         self.pin_memory = pin_memory
+        self.device = device
         self._key: tuple[int, ...] | None = None
         self._params: list[SamplingParams] = []  # keeps the ids in _key alive
         self._static: _Static | None = None
@@ -146,11 +157,27 @@ class SamplingBatchBuilder:
     def _static_for(self, params: Sequence[SamplingParams]) -> _Static:
         key = tuple(map(id, params))
         if key != self._key or self._static is None:
-            self._static = self._build_static(params)
+            self._static = self._on_device(self._build_static(params))
             self._key, self._params = key, list(params)
             rows = self._static.penalized_rows
             self._penalty_buf = _OutputIdsBuffer(len(params), rows, self.pin_memory) if rows else None
         return self._static
+
+    def _on_device(self, static: _Static) -> _Static:
+        if self.device is None or self.device.type == "cpu":
+            return static
+        names = (
+            "temperatures",
+            "top_ps",
+            "top_ks",
+            "min_ps",
+            "frequency",
+            "presence",
+            "repetition",
+            "logit_bias",
+        )
+        moved = pack_to_device([getattr(static, n) for n in names], self.device)
+        return dataclasses.replace(static, **dict(zip(names, moved)))
 
     def _build_static(self, params: Sequence[SamplingParams]) -> _Static:
         sampled = [p for p in params if not p.is_greedy]

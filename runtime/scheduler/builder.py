@@ -116,7 +116,9 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     future_map = FutureMap(4 * max_running + 8, device=runner.device)
     worker = OverlapWorker(runner, future_map) if cfg.overlap else InlineWorker(runner, future_map)
     eos = set(tokenizer.eos_token_ids)
-    sampling = SamplingBatchBuilder(runner.vocab_size, eos_token_ids=eos, pin_memory=runner.device.type == "cuda")
+    sampling = SamplingBatchBuilder(
+        runner.vocab_size, eos_token_ids=eos, pin_memory=runner.device.type == "cuda", device=runner.device
+    )
     grammar = _grammar_queue(args, tokenizer, runner.vocab_size, eos)
     scheduler = Scheduler(
         cfg,
@@ -161,7 +163,9 @@ def _hierarchical_cache(args: EngineArgs, runner: Any, tree: Any, source: Any) -
     from phloem.runtime.cache.hicache import build_hicache
 
     pool = runner.kv_pool
-    model_id = f"{source.kind}:{source.path}|{pool.dtype}|{pool.num_layers}x{pool.num_kv_heads}x{pool.head_dim}"
+    model_id = (
+        f"{source.kind}:{source.path}|{pool.dtype}|{pool.num_layers}x{pool.num_kv_heads}x{pool.head_dim}"
+    )
     if source.kind == "dummy":
         model_id += f"|seed={args.random_seed}"
     return build_hicache(

@@ -89,20 +89,55 @@ def test_cuda_pack_values_shapes_and_views() -> None:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_cuda_copies_do_not_wait_for_queued_work() -> None:
-    """A pageable copy would synchronize the stream first; these must return while a long kernel
-    is still queued (the stream is observed busy right after they return)."""
+@pytest.mark.parametrize("what", ["pack", "to_device", "forward_input", "req_to_token_write"])
+def test_cuda_copies_do_not_wait_for_queued_work(what: str) -> None:
+    """A pageable copy would synchronize the stream first; each of these must return while a long
+    kernel is still queued (the stream is observed busy right after it returns)."""
     dev = torch.device("cuda")
     table = torch.zeros(4, 16, dtype=torch.int64, device=dev)
+    index = torch.tensor([[1, 2], [0, 1], [3, 4]])
+
+    def act() -> object:
+        if what == "pack":
+            return pack_to_device([torch.arange(6), torch.rand(3)], dev)
+        if what == "to_device":
+            return to_device(torch.tensor([3, 4]), dev)
+        if what == "forward_input":
+            return _fi().to(dev)
+        (d,) = pack_to_device([index], dev)
+        assert d is not None
+        table[d[0], d[1]] = d[2]
+        return d
+
+    act()  # warm: the caching host allocator has pinned blocks to hand out
     torch.cuda.synchronize()
-    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time on the stream
-    out = pack_to_device([torch.arange(6), torch.rand(3)], dev)
-    slot = to_device(torch.tensor([3, 4]), dev)
-    fi = _fi().to(dev)
-    table[torch.tensor([1, 2], device=dev), torch.tensor([0, 1], device=dev)] = slot
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of GPU time queued on the stream
+    result = act()
     busy = not torch.cuda.current_stream().query()
     torch.cuda.synchronize()
-    assert busy, "a host-to-device copy waited for the queued kernel"
-    assert out[0] is not None and out[0].tolist() == list(range(6))
-    assert table[1, 0].item() == 3 and table[2, 1].item() == 4
-    assert fi.input_ids.tolist() == [5, -3, 7]
+    assert busy, f"{what}: a host-to-device copy waited for the queued kernel"
+    if what == "pack":
+        assert result[0].tolist() == list(range(6))  # type: ignore[index]
+    elif what == "forward_input":
+        assert result.input_ids.tolist() == [5, -3, 7]  # type: ignore[attr-defined]
+    elif what == "req_to_token_write":
+        assert table[1, 0].item() == 3 and table[2, 1].item() == 4
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_sampling_builder_keeps_per_batch_columns_on_the_device() -> None:
+    """Per-batch columns are copied once per batch composition; per-step parts stay on the host."""
+    from phloem.runtime.sampling.batch import SamplingBatchBuilder
+    from phloem.runtime.sampling.params import SamplingParams
+
+    params = [SamplingParams(temperature=0.5, top_k=5), SamplingParams(min_new_tokens=3, logit_bias={4: 1.0})]
+    host = SamplingBatchBuilder(64, eos_token_ids=[2]).build_from(params, output_ids=[[1], []])
+    builder = SamplingBatchBuilder(64, eos_token_ids=[2], pin_memory=True, device=torch.device("cuda"))
+    first = builder.build_from(params, output_ids=[[1], []])
+    again = builder.build_from(params, output_ids=[[1, 5], [7]])
+    for name in ("temperatures", "top_ps", "top_ks", "min_ps", "logit_bias"):
+        dev = getattr(first, name)
+        assert dev.is_cuda and torch.equal(dev.cpu(), getattr(host, name)), name
+        assert getattr(again, name) is dev, name  # same batch: not copied again
+    assert first.banned_mask is not None and not first.banned_mask.is_cuda
