@@ -57,10 +57,21 @@ class AttentionBackend(ABC):
         ``req_to_token`` as it is now, so the scheduler must have written this batch's slots.
         """
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        """Attention of layer ``layer`` for the current batch; writes ``k``/``v`` at ``out_slots``."""
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Attention of layer ``layer`` for the current batch; writes ``k``/``v`` at ``out_slots``.
+        With ``cos_sin`` (RoPE tables of the batch's positions, ``[T, 1, D/2]`` each) ``q`` and
+        ``k`` are rotated here first, so a backend may fuse the rotation with the K/V write."""
         if self.layer_ready is not None:
             self.layer_ready.wait(layer)  # this layer's loaded KV is in the pool before we read or write it
+        if cos_sin is not None:
+            q, k = self.rotate(q, k, v, cos_sin, layer)
         if self.mode == ForwardMode.DECODE:
             return self.forward_decode(q, k, v, layer)
         if self.mode == ForwardMode.EXTEND:
@@ -68,6 +79,20 @@ class AttentionBackend(ABC):
         if self.mode == ForwardMode.TARGET_VERIFY:
             return self.forward_verify(q, k, v, layer)
         raise RuntimeError(f"attention called in mode {self.mode!r}; call init_metadata first")
+
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """RoPE on ``q`` and ``k`` (returns the rotated pair; they may be the inputs, rotated in
+        place). A backend that also writes ``k``/``v`` to the pool here must then skip that write."""
+        from phloem.runtime.layers.rotary import RotaryEmbedding
+
+        return RotaryEmbedding.apply(q, k, cos_sin)
 
     @abstractmethod
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:

@@ -18,6 +18,8 @@ from phloem.runtime.attention.triton_kernels import (
     extend_block_table,
 )
 from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.layers.fused_triton import rope_store_
+from phloem.runtime.layers.fusion import use_fused
 
 if TYPE_CHECKING:
     from phloem.runtime.executor.forward_io import ForwardInput
@@ -29,6 +31,7 @@ class TritonBackend(AttentionBackend):
     """Paged extend and split-KV decode in Triton (see module docstring)."""
 
     supports_cuda_graph = True
+    _stored_layer = -1  # layer whose new K/V ``rotate`` already wrote (fused with RoPE)
 
     def init_metadata(self, forward_input: ForwardInput) -> None:
         fi = forward_input
@@ -52,8 +55,36 @@ class TritonBackend(AttentionBackend):
         )
         self.part_lse = torch.empty((batch, self.num_heads, splits), dtype=torch.float32, device=device)
 
+    def rotate(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        layer: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One kernel rotates q in place and writes rotated k and v to the pool (fp8 pools and the
+        torch reference path take the unfused route)."""
+        k_buf, v_buf = self.kv_pool.get_kv(layer)
+        fusable = (
+            self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND)
+            and use_fused(q)
+            and k_buf.dtype == k.dtype
+            and all(x.stride(-1) == 1 for x in (q, k, v))
+        )
+        if not fusable:
+            return super().rotate(q, k, v, cos_sin, layer)
+        rope_store_(q, k, v, *cos_sin, k_buf, v_buf, self.out_slots)
+        self._stored_layer = layer
+        return q, k
+
+    def _store(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> None:
+        if self._stored_layer != layer:
+            self.kv_pool.set_kv(layer, self.out_slots, k, v)
+        self._stored_layer = -1
+
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        self.kv_pool.set_kv(layer, self.out_slots, k, v)
+        self._store(k, v, layer)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)
@@ -67,7 +98,7 @@ class TritonBackend(AttentionBackend):
         )  # fmt: skip
 
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        self.kv_pool.set_kv(layer, self.out_slots, k, v)
+        self._store(k, v, layer)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)

@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["add_rmsnorm", "rmsnorm", "rope_", "silu_and_mul"]
+__all__ = ["add_rmsnorm", "rmsnorm", "rope_", "rope_store_", "silu_and_mul"]
 
 
 @triton.jit
@@ -70,17 +70,19 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, n_cols, BL
 
 
 @triton.jit
-def _rotate_heads(base, stride_h, cos, sin, offs_d, d_mask, N_HEADS: tl.constexpr, HALF: tl.constexpr,
-                  BLOCK_H: tl.constexpr):  # fmt: skip
-    """Rotate heads ``0 .. N_HEADS`` of one token in place; ``cos``/``sin``: ``[1, BLOCK_HALF]``."""
+def _rotate_heads(base, stride_h, dst, stride_dst_h, cos, sin, offs_d, d_mask, N_HEADS: tl.constexpr,
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+    """Rotate heads ``0 .. N_HEADS`` of one token from ``base`` into ``dst`` (the same pointer:
+    in place); ``cos``/``sin``: ``[1, BLOCK_HALF]``."""
     offs_h = tl.arange(0, BLOCK_H)
     mask = (offs_h < N_HEADS)[:, None] & d_mask[None, :]
     lo = base + offs_h[:, None] * stride_h + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
     x1 = tl.load(lo, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(lo + HALF, mask=mask, other=0.0).to(tl.float32)
-    dtype = base.dtype.element_ty
-    tl.store(lo, (x1 * cos - x2 * sin).to(dtype), mask=mask)
-    tl.store(lo + HALF, (x2 * cos + x1 * sin).to(dtype), mask=mask)
+    out = dst + offs_h[:, None] * stride_dst_h + offs_d[None, :]
+    dtype = dst.dtype.element_ty
+    tl.store(out, (x1 * cos - x2 * sin).to(dtype), mask=mask)
+    tl.store(out + HALF, (x2 * cos + x1 * sin).to(dtype), mask=mask)
 
 
 @triton.jit
@@ -96,8 +98,37 @@ def _rope_kernel(
     d_mask = offs_d < HALF
     cos = tl.load(cos_ptr + t * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + t * stride_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr + t * stride_qt, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ)
-    _rotate_heads(k_ptr + t * stride_kt, stride_kh, cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK)
+    q = q_ptr + t * stride_qt
+    k = k_ptr + t * stride_kt
+    _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ)
+    _rotate_heads(k, stride_kh, k, stride_kh, cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK)
+
+
+@triton.jit
+def _rope_store_kernel(
+    q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_buf_ptr, v_buf_ptr, slots_ptr,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
+    stride_kbt, stride_kbh, stride_vbt, stride_vbh,
+    NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    # grid: (tokens,); q rotated in place, rotated k and v written to the token's KV slot
+    t = tl.program_id(0).to(tl.int64)
+    slot = tl.load(slots_ptr + t).to(tl.int64)
+    offs_d = tl.arange(0, BLOCK_HALF)
+    d_mask = offs_d < HALF
+    cos = tl.load(cos_ptr + t * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    sin = tl.load(sin_ptr + t * stride_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+    q = q_ptr + t * stride_qt
+    _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ)
+    _rotate_heads(k_ptr + t * stride_kt, stride_kh, k_buf_ptr + slot * stride_kbt, stride_kbh,
+                  cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK)  # fmt: skip
+    offs_h = tl.arange(0, BLOCK_HK)
+    offs_v = tl.arange(0, BLOCK_D)
+    mask = (offs_h < NUM_K_HEADS)[:, None] & (offs_v < HEAD_DIM)[None, :]
+    v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_v[None, :], mask=mask, other=0.0)
+    dst = v_buf_ptr + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_v[None, :]
+    tl.store(dst, v.to(v_buf_ptr.dtype.element_ty), mask=mask)
 
 
 # ---- launchers --------------------------------------------------------------------------------
@@ -203,3 +234,46 @@ def rope_(
         BLOCK_HALF=triton.next_power_of_2(half), num_warps=4,
     )  # fmt: skip
     return q, k
+
+
+def rope_store_(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+) -> torch.Tensor:
+    """:func:`rope_` on ``q`` (in place, returned) with the K/V write of the layer folded in:
+    ``k_buf[slots] = rope(k)`` and ``v_buf[slots] = v``, one launch instead of three (``k`` itself
+    is left as it is). ``k_buf``, ``v_buf``: ``[num_slots, Hk, D]`` of ``k``'s dtype (not fp8);
+    ``slots``: ``[T]`` int64."""
+    t, num_q, dim = q.shape
+    num_k = k.shape[1]
+    half = dim // 2
+    if k.shape != v.shape or k.shape[0] != t or k.shape[2] != dim or dim % 2:
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need [T, H, D], D even"
+        )
+    if k_buf.dtype != k.dtype or v_buf.dtype != v.dtype or k_buf.shape[1:] != k.shape[1:]:
+        raise ValueError(
+            f"pool {tuple(k_buf.shape)} {k_buf.dtype} does not hold k {tuple(k.shape)} {k.dtype}"
+        )
+    if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin, k_buf, v_buf)):
+        raise ValueError("rope_store_ needs a contiguous last axis on every tensor")
+    if cos.shape[0] != t or cos.shape[-1] != half or sin.shape != cos.shape or slots.shape != (t,):
+        raise ValueError(f"cos/sin {tuple(cos.shape)} or slots {tuple(slots.shape)} do not match {t} tokens")
+    if t == 0:
+        return q
+    _rope_store_kernel[(t,)](
+        q, k, v, cos, sin, k_buf, v_buf, slots,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        cos.stride(0), sin.stride(0),
+        k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        NUM_Q_HEADS=num_q, NUM_K_HEADS=num_k, HALF=half, HEAD_DIM=dim,
+        BLOCK_HQ=triton.next_power_of_2(num_q), BLOCK_HK=triton.next_power_of_2(num_k),
+        BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim), num_warps=4,
+    )  # fmt: skip
+    return q

@@ -46,8 +46,7 @@ class LlamaAttention(nn.Module):
         v = v.view(t, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = RotaryEmbedding.apply(q, k, rope)
-        out = attn.forward(q, k, v, self.layer_id)  # [T, Hq, D]
+        out = attn.forward(q, k, v, self.layer_id, cos_sin=rope)  # RoPE applied there  [T, Hq, D]
         return self.o_proj(out.reshape(t, -1))  # [T, Hq * D] -> [T, H]
 
 

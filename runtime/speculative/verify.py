@@ -137,7 +137,16 @@ class TreeVerifyAttention(AttentionBackend):
     def init_metadata(self, forward_input) -> None:  # noqa: ANN001 - not used by this backend
         raise NotImplementedError("TreeVerifyAttention is set up with plan(), not from a ForwardInput")
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        if cos_sin is not None:
+            q, k = self.rotate(q, k, v, cos_sin, layer)
         return self.forward_verify(q, k, v, layer)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:

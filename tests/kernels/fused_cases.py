@@ -121,12 +121,45 @@ def check_rope(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str
     return max(_check("rope q", q, ref_q), _check("rope k", k, ref_k))
 
 
+def check_rope_store(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int) -> float:
+    """RoPE fused with the K/V write: q rotated in place, ``k_buf[slots] = rope(k)``,
+    ``v_buf[slots] = v``, every other pool row untouched (scattered, unordered slots)."""
+    from phloem.runtime.layers import fused_triton
+    from phloem.runtime.layers.rotary import RotaryEmbedding, rope_ref
+
+    gen = torch.Generator(device=device).manual_seed(seed)
+    t, hq, hk, dim = shape
+    rotary = RotaryEmbedding(dim, 8192, 10000.0).to(device)
+    positions = torch.randint(0, 8192, (t,), generator=gen, device=device)
+    cos_sin = rotary.cos_sin(positions)
+    qkv = torch.randn((t, (hq + 2 * hk) * dim), generator=gen, device=device).to(dtype)
+    q, k, v = qkv.split([hq * dim, hk * dim, hk * dim], dim=-1)
+    q, k, v = q.view(t, hq, dim), k.view(t, hk, dim), v.view(t, hk, dim)
+    num_slots = 3 * t + 5
+    slots = torch.randperm(num_slots, generator=gen, device=device)[:t]
+    k_buf = torch.randn((num_slots, hk, dim), generator=gen, device=device).to(dtype)
+    v_buf = torch.randn((num_slots, hk, dim), generator=gen, device=device).to(dtype)
+    ref_q, ref_k = rope_ref(q.clone(), k.clone(), cos_sin)
+    ref_kb, ref_vb = k_buf.clone(), v_buf.clone()
+    ref_kb[slots], ref_vb[slots] = ref_k, v
+    k_before = k.clone()
+    out_q = fused_triton.rope_store_(q, k, v, *cos_sin, k_buf, v_buf, slots)
+    assert out_q.data_ptr() == q.data_ptr(), "rope_store_ did not rotate q in place"
+    assert torch.equal(k, k_before), "rope_store_ changed k"
+    assert torch.equal(v_buf, ref_vb), "v rows differ from a plain scatter of v"
+    untouched = torch.ones(num_slots, dtype=torch.bool, device=device)
+    untouched[slots] = False
+    assert torch.equal(k_buf[untouched], ref_kb[untouched]), "rope_store_ wrote outside its slots"
+    return max(_check("rope_store q", q, ref_q), _check("rope_store k", k_buf[slots], ref_k))
+
+
 def run_small(dtypes: dict[str, torch.dtype], device: str = "cpu") -> int:
     """Every small case in ``dtypes``; prints one line per case, returns the number of failures."""
     cases = [
         *(("rmsnorm", check_rmsnorm, s) for s in SMALL_NORM_SHAPES),
         *(("silu_and_mul", check_silu_and_mul, s) for s in SMALL_SILU_SHAPES),
         *(("rope", check_rope, s) for s in SMALL_ROPE_SHAPES),
+        *(("rope_store", check_rope_store, s) for s in SMALL_ROPE_SHAPES),
     ]
     failures = 0
     for name, check, shape in cases:

@@ -33,6 +33,7 @@ from .fused_cases import (
     SMALL_SILU_SHAPES,
     check_rmsnorm,
     check_rope,
+    check_rope_store,
     check_silu_and_mul,
     rel_err,
 )
@@ -69,6 +70,15 @@ def test_rope_matches_ref(shape: tuple[int, int, int, int], dtype: str) -> None:
         check_rope(shape, DTYPES[dtype], "cuda", seed)
 
 
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=str)
+def test_rope_store_matches_ref(shape: tuple[int, int, int, int], dtype: str) -> None:
+    for seed in (0, 1):
+        check_rope_store(shape, DTYPES[dtype], "cuda", seed)
+
+
 # ---- kernels under the interpreter (CPU) ----------------------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
@@ -79,7 +89,7 @@ def test_fused_kernels_under_interpreter() -> None:
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + len(SMALL_ROPE_SHAPES)
+    cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + 2 * len(SMALL_ROPE_SHAPES)
     passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
     assert passed == cases * len(DTYPES), proc.stdout
 
