@@ -56,7 +56,11 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     return build_scheduler(EngineArgs(**kw), send=lambda m: None)
 
 
-def make_reqs(rt: Any, batch: int, input_len: int, max_new: int, tag: str) -> list[Any]:
+# A schema whose strings never force an end: the constrained rows run their full length.
+NOTE_SCHEMA = '{"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}'
+
+
+def make_reqs(rt: Any, batch: int, input_len: int, max_new: int, tag: str, schema: bool = False) -> list[Any]:
     from phloem.runtime.sampling.params import SamplingParams
     from phloem.runtime.sampling.stop import StopChecker
     from phloem.runtime.scheduler.req import Req
@@ -70,7 +74,8 @@ def make_reqs(rt: Any, batch: int, input_len: int, max_new: int, tag: str) -> li
         ids = [t % vocab for t in rt.tokenizer.encode(text)]  # a tiny test shape has a small vocab
         if input_len:
             ids = (ids * (input_len // max(len(ids), 1) + 1))[:input_len]
-        params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True)
+        params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True,
+                                json_schema=NOTE_SCHEMA if schema else None)  # fmt: skip
         reqs.append(Req(rid=f"{tag}{i}", origin_input_ids=ids, params=params,
                         stop_checker=StopChecker(params, eos_token_ids=rt.eos_token_ids)))  # fmt: skip
     return reqs
@@ -161,6 +166,7 @@ def main() -> None:
     p.add_argument("--spec-steps", type=int, default=3)
     p.add_argument("--spec-topk", type=int, default=1)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
+    p.add_argument("--json-schema", action="store_true", help="every request constrained by a JSON schema")
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--no-torch-profile", action="store_true")
     p.add_argument("--out", required=True)
@@ -172,11 +178,11 @@ def main() -> None:
     result: dict[str, Any] = {
         "command": "python3 benchmarks/gpu/step_profile.py " + " ".join(os.sys.argv[1:])
     }
-    warm = make_reqs(rt, min(args.batch, 4), args.input_len, 16, "warm")
+    warm = make_reqs(rt, min(args.batch, 4), args.input_len, 16, "warm", args.json_schema)
     prefill_all(s, warm)
     drive(s, warm)
 
-    reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "t")
+    reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "t", args.json_schema)
     prefill_all(s, reqs)
     result["timing"] = drive(s, reqs)
     if s.spec is not None:
@@ -184,7 +190,7 @@ def main() -> None:
     print(json.dumps(result["timing"]), flush=True)
 
     if args.cprofile:
-        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "c")
+        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "c", args.json_schema)
         prefill_all(s, reqs)
         prof = cProfile.Profile()
         prof.enable()
@@ -201,7 +207,7 @@ def main() -> None:
     if not args.no_torch_profile and args.device == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
-        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "p")
+        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "p", args.json_schema)
         prefill_all(s, reqs)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
