@@ -5,11 +5,11 @@ The scheduler runs the same cycle inside its decode step; this driver keeps it o
     prefill(prompts)                 target extend pass -> first token + features of the prompt
     drafter.start(...)               EAGLE: draft prefill; n-gram: nothing
     while any sequence runs:
-        trees  = drafter.propose(...)               one DraftTree per sequence
+        trees  = drafter.propose_many(...)          one DraftTree per sequence, drafted together
         slots  = alloc(len(tree)) per sequence
         result = verifier.verify(...)               one target pass for the whole batch
         free(result.free_slots); kv_len += accept_length; append tokens; stop checks
-        drafter.update(seq, result)                 EAGLE: catch-up on the accepted tokens
+        drafter.update_many(seqs, results)          EAGLE: one catch-up pass on the accepted tokens
 
 Slots come from a private :class:`~phloem.runtime.cache.allocator.TokenSlotAllocator` over the
 runner's KV pool; everything a sequence holds is returned when it ends.
@@ -58,8 +58,14 @@ class Drafter(Protocol):
     def propose(self, seq: int, context: list[int]) -> DraftTree:
         """A tree rooted at ``context[-1]``."""
 
+    def propose_many(self, seqs: list[int], contexts: list[list[int]]) -> list[DraftTree]:
+        """:meth:`propose` for every sequence of a step (distinct ``seqs``), in their order."""
+
     def update(self, seq: int, result: VerifyResult) -> None:
-        """Called after each verify with that sequence's result."""
+        """Called after each verify (or plain decode step) with that sequence's result."""
+
+    def update_many(self, seqs: list[int], results: list[VerifyResult]) -> None:
+        """:meth:`update` for every sequence of a step (distinct ``seqs``)."""
 
     def release(self, seq: int) -> None: ...
 
@@ -76,7 +82,13 @@ class NgramDrafter:
     def propose(self, seq: int, context: list[int]) -> DraftTree:
         return self.proposer.propose_tree(context)
 
+    def propose_many(self, seqs: list[int], contexts: list[list[int]]) -> list[DraftTree]:
+        return [self.proposer.propose_tree(c) for c in contexts]
+
     def update(self, seq: int, result: VerifyResult) -> None:
+        pass
+
+    def update_many(self, seqs: list[int], results: list[VerifyResult]) -> None:
         pass
 
     def release(self, seq: int) -> None:
@@ -93,10 +105,16 @@ class EagleDrafter:
         self.worker.prefill(seq, tokens, hidden)
 
     def propose(self, seq: int, context: list[int]) -> DraftTree:
-        return self.worker.draft(seq, context[-1])
+        return self.worker.draft_many([seq], [context[-1]])[0]
+
+    def propose_many(self, seqs: list[int], contexts: list[list[int]]) -> list[DraftTree]:
+        return self.worker.draft_many(seqs, [c[-1] for c in contexts])
 
     def update(self, seq: int, result: VerifyResult) -> None:
         self.worker.extend(seq, result.tokens, result.hidden)
+
+    def update_many(self, seqs: list[int], results: list[VerifyResult]) -> None:
+        self.worker.extend_many(seqs, [r.tokens for r in results], [r.hidden for r in results])
 
     def release(self, seq: int) -> None:
         self.worker.release(seq)
@@ -236,9 +254,11 @@ class SpeculativeDecoder:
 
     def _cycle(self, active, rows, prompts, outs, kv_lens, max_new, sampling, stop_ids) -> list[int]:  # noqa: ANN001
         t0 = time.perf_counter()
+        trees = self.drafter.propose_many(
+            [rows[i] for i in active], [[*prompts[i], *outs[i].tokens] for i in active]
+        )
         reqs = []
-        for i in active:
-            tree = self.drafter.propose(rows[i], [*prompts[i], *outs[i].tokens])
+        for i, tree in zip(active, trees):
             left = max_new - len(outs[i].tokens)
             reqs.append(
                 VerifyRequest(rows[i], kv_lens[i], tree, self._alloc(len(tree)), sampling, max_accept=left)
@@ -246,7 +266,7 @@ class SpeculativeDecoder:
         t1 = time.perf_counter()
         results = self.verifier.verify(reqs)
         t2 = time.perf_counter()
-        still = []
+        still, caught_up = [], []
         for i, res in zip(active, results):
             self.allocator.free(res.free_slots)
             kv_lens[i] += res.accept_length
@@ -255,8 +275,9 @@ class SpeculativeDecoder:
             hit = next((j for j, t in enumerate(new) if t in stop_ids), None)
             outs[i].tokens.extend(new if hit is None else new[: hit + 1])
             if hit is None and len(outs[i].tokens) < max_new:
-                self.drafter.update(rows[i], res)  # EAGLE catch-up: counted as drafting
                 still.append(i)
+                caught_up.append(res)
+        self.drafter.update_many([rows[i] for i in still], caught_up)  # EAGLE catch-up: counted as drafting
         t3 = time.perf_counter()
         for i in active:
             outs[i].draft_seconds += (t1 - t0) + (t3 - t2)

@@ -22,19 +22,23 @@ One speculative cycle for a request whose newest token ``t_n`` (position ``n``) 
              target's *true* features f_n .. f_{n+m}; its last output is the next g
 
 Tree nodes' draft KV lives in temporary tensors for the duration of one drafting call; only
-catch-up writes the request's committed draft cache.
+catch-up writes the request's committed draft cache. A step drafts and catches up the whole batch
+at once (:meth:`EagleDraftWorker.draft_many`, :meth:`EagleDraftWorker.extend_many`); ``draft``
+(one request, node by node) is kept as their reference for tests.
 """
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from phloem.runtime.attention.base import varying_shape_sdpa
+from phloem.runtime.host_copy import pack_to_device, to_device
 from phloem.runtime.layers.rotary import rope_inv_freq
 from phloem.runtime.speculative.tree import DraftTree
 from torch import nn
@@ -202,45 +206,84 @@ def load_eagle_head(
 
 # ---------------------------------------------------------------------------------- draft cache
 class DraftKVCache:
-    """The draft head's committed K/V, one growing dense buffer per sequence (its own pool, apart
-    from the target's). Only catch-up appends; tree drafting uses temporary tensors."""
+    """The draft head's committed state in its own pool (apart from the target's): dense K/V
+    ``[rows, length, Hk, D]`` and the newest output feature ``[rows, H]`` of every sequence.
+
+    Each sequence (keyed by the scheduler's ``req_pool_idx``) owns one row, taken at its first
+    write and returned by :meth:`release`; batched code gathers rows with one index tensor. Rows
+    and length start small and double when a write needs more (all rows share the length). Only
+    catch-up writes here; tree drafting uses temporary tensors. Entries past a sequence's length
+    are stale but finite (the store starts zeroed), so masked-out keys never produce NaN.
+    """
 
     def __init__(
-        self, num_kv_heads: int, head_dim: int, dtype: torch.dtype, device: torch.device | str
+        self,
+        num_kv_heads: int,
+        head_dim: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        *,
+        rows: int = 4,
+        length: int = 64,
     ) -> None:
-        self.shape = (num_kv_heads, head_dim)
-        self.dtype, self.device = dtype, torch.device(device)
-        self._k: dict[int, torch.Tensor] = {}
-        self._v: dict[int, torch.Tensor] = {}
-        self.lens: dict[int, int] = {}
+        self.k = torch.zeros((rows, length, num_kv_heads, head_dim), dtype=dtype, device=device)
+        self.v = torch.zeros_like(self.k)
+        self.features = torch.zeros((rows, hidden_size), dtype=dtype, device=device)
+        self.lens: dict[int, int] = {}  # seq -> committed entries
+        self.row: dict[int, int] = {}  # seq -> its row in k, v, features
+        self._free = list(range(rows))  # a heap: the lowest free row first
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        """``(rows, length)`` allocated now."""
+        return self.k.shape[0], self.k.shape[1]
+
+    def reserve(self, seqs: list[int], lengths: list[int]) -> list[int]:
+        """Give every sequence a row and room for ``lengths`` entries; returns their rows.
+        Views from :meth:`get` and tensors indexed before a growth are stale afterwards."""
+        for seq in seqs:
+            if seq not in self.row:
+                if not self._free:
+                    self._resize(2 * self.k.shape[0], self.k.shape[1])
+                self.row[seq] = heapq.heappop(self._free)
+                self.lens[seq] = 0
+        need = max(lengths, default=0)
+        if need > self.k.shape[1]:
+            self._resize(self.k.shape[0], 2 ** math.ceil(math.log2(need)))
+        return [self.row[s] for s in seqs]
+
+    def _resize(self, rows: int, length: int) -> None:
+        r, n = self.capacity
+        k = self.k.new_zeros((rows, length, *self.k.shape[2:]))
+        v = torch.zeros_like(k)
+        k[:r, :n], v[:r, :n] = self.k, self.v
+        features = self.features.new_zeros((rows, self.features.shape[1]))
+        features[:r] = self.features
+        self.k, self.v, self.features = k, v, features
+        for i in range(r, rows):
+            heapq.heappush(self._free, i)
 
     def append(self, seq: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Append ``k, v`` ``[m, Hk, D]`` after the sequence's committed entries."""
         n, m = self.lens.get(seq, 0), k.shape[0]
-        buf_k = self._k.get(seq)
-        if buf_k is None or buf_k.shape[0] < n + m:
-            cap = max(64, 2 ** math.ceil(math.log2(n + m)))
-            new_k = torch.empty((cap, *self.shape), dtype=self.dtype, device=self.device)
-            new_v = torch.empty_like(new_k)
-            if buf_k is not None:
-                new_k[:n], new_v[:n] = buf_k[:n], self._v[seq][:n]
-            self._k[seq], self._v[seq] = new_k, new_v
-        self._k[seq][n : n + m] = k
-        self._v[seq][n : n + m] = v
+        (row,) = self.reserve([seq], [n + m])
+        self.k[row, n : n + m] = k
+        self.v[row, n : n + m] = v
         self.lens[seq] = n + m
 
     def get(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Committed ``K, V`` ``[len, Hk, D]`` (views, valid until the next append)."""
-        n = self.lens.get(seq, 0)
-        if n == 0:
-            empty = torch.empty((0, *self.shape), dtype=self.dtype, device=self.device)
+        """Committed ``K, V`` ``[len, Hk, D]`` (views, valid until the next write)."""
+        if seq not in self.row:
+            empty = self.k.new_empty((0, *self.k.shape[2:]))
             return empty, empty
-        return self._k[seq][:n], self._v[seq][:n]
+        row, n = self.row[seq], self.lens[seq]
+        return self.k[row, :n], self.v[row, :n]
 
     def release(self, seq: int) -> None:
-        self._k.pop(seq, None)
-        self._v.pop(seq, None)
-        self.lens.pop(seq, None)
+        if seq in self.row:
+            heapq.heappush(self._free, self.row.pop(seq))
+            del self.lens[seq]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -250,6 +293,14 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
         attn_mask=None if mask is None else mask[None, None], enable_gqa=True,
     )  # fmt: skip
     return o[0].transpose(0, 1)
+
+
+def _attend_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``q`` ``[B, m, Hq, D]`` over ``k, v`` ``[B, Hq, S, D]`` (KV heads already repeated: with a
+    mask, CUDA's fused kernels take no GQA and would fall back to the unfused one) with bool
+    ``mask`` ``[B, m, S]`` -> ``[B, m, Hq, D]``."""
+    o = varying_shape_sdpa(q.transpose(1, 2), k, v, attn_mask=mask[:, None])
+    return o.transpose(1, 2)
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -294,12 +345,18 @@ class EagleDraftWorker:
         self.token_map = head.token_map.to(embed_weight.device)
         self.lm_weight = lm_head_weight.detach()[self.token_map].contiguous()  # [Vd, H]
         self.num_steps, self.topk = num_steps, topk
-        max_nodes = 1 + topk + (num_steps - 1) * topk * topk
-        self.num_draft_tokens = min(num_draft_tokens or num_steps + 1, max_nodes)
+        self.max_nodes = 1 + topk + (num_steps - 1) * topk * topk
+        self.num_draft_tokens = min(num_draft_tokens or num_steps + 1, self.max_nodes)
         c = head.cfg
-        self.cache = DraftKVCache(c.num_kv_heads, c.head_dim, embed_weight.dtype, embed_weight.device)
-        self.root_feature: dict[int, torch.Tensor] = {}  # seq -> g at its newest position [H]
+        self.cache = DraftKVCache(
+            c.num_kv_heads, c.head_dim, c.hidden_size, embed_weight.dtype, embed_weight.device
+        )
         self.offset: dict[int, int] = {}  # seq -> sequence position of its first draft entry
+        # tree slots of draft_many: level l (1-based) writes its topk rows at (l - 1) * topk + row
+        slots = (num_steps - 1) * topk
+        self._own_slot = torch.eye(slots, dtype=torch.bool, device=embed_weight.device).view(
+            num_steps - 1, topk, slots
+        )  # [levels, topk, slots]: each row's own slot
 
     @classmethod
     def for_runner(cls, head: EagleHead, runner: Any, **kw: Any) -> EagleDraftWorker:
@@ -311,24 +368,98 @@ class EagleDraftWorker:
             raise ValueError("the EAGLE head was trained for a different target shape")
         return cls(head, embed_weight=embed, lm_head_weight=lm, **kw)
 
+    @property
+    def device(self) -> torch.device:
+        return self.embed_weight.device
+
+    def root_feature(self, seq: int) -> torch.Tensor:
+        """``g`` at the sequence's newest draft position ``[H]`` (a view, valid until the next write)."""
+        return self.cache.features[self.cache.row[seq]]
+
+    def _heads(self, kv: torch.Tensor) -> torch.Tensor:
+        """``[B, S, Hk, D]`` -> ``[B, Hq, S, D]``, each KV head repeated for its query heads."""
+        c = self.head.cfg
+        return kv.transpose(1, 2).repeat_interleave(c.num_heads // c.num_kv_heads, dim=1)
+
+    def _gather_heads(
+        self, store: torch.Tensor, rows: torch.Tensor, width: int, extra: int = 0
+    ) -> torch.Tensor:
+        """:meth:`_heads` of ``store[rows, :width]`` in one copy, followed by ``extra`` zero
+        positions: ``[B, Hq, width + extra, D]``."""
+        c = self.head.cfg
+        group = c.num_heads // c.num_kv_heads
+        out = store.new_empty((rows.shape[0], c.num_kv_heads, group, width + extra, c.head_dim))
+        out[:, :, :, :width] = store[rows, :width].transpose(1, 2)[:, :, None]
+        out[:, :, :, width:] = 0
+        return out.flatten(1, 2)
+
     # ---- committed path -----------------------------------------------------------------------
     @torch.inference_mode()
     def extend(self, seq: int, tokens: list[int], features: torch.Tensor) -> None:
         """Append draft positions for ``tokens``, where ``features[i]`` is the target's feature at
         the position before ``tokens[i]`` (prefill: a zero row for position 0, then the prompt's
-        features; catch-up: the features :class:`VerifyResult` returns). Sets the root feature."""
+        features; catch-up: the features :class:`VerifyResult` returns). Sets the root feature.
+
+        One sequence, no padding (prefill and plain decode steps); :meth:`extend_many` is the
+        batched form with the same results, and this method is its reference in tests.
+        """
         start = self.cache.lens.get(seq, 0)
-        ids = torch.tensor(tokens, dtype=torch.int64, device=self.embed_weight.device)
+        ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         first = self.offset.get(seq, 0) + start
         positions = torch.arange(first, first + len(tokens), device=ids.device)
         x, q, k, v = self.head.project(F.embedding(ids, self.embed_weight), features, positions)
-        k_old, v_old = self.cache.get(seq)
         self.cache.append(seq, k, v)
         k_all, v_all = self.cache.get(seq)
         m = len(tokens)
         causal = torch.ones(m, start + m, dtype=torch.bool, device=ids.device).tril(diagonal=start)
         g = self.head.finish(x, _attend(q, k_all, v_all, causal))
-        self.root_feature[seq] = g[-1]
+        self.cache.features[self.cache.row[seq]] = g[-1]
+
+    @torch.inference_mode()
+    def extend_many(
+        self, seqs: list[int], tokens_per_seq: list[list[int]], features_per_seq: list[torch.Tensor]
+    ) -> None:
+        """:meth:`extend` for several distinct sequences in one padded pass (catch-up after a
+        verify). Layout, with ``M`` = the most new tokens of a sequence and ``W`` = the longest
+        sequence after the write::
+
+            queries  [B, M]   row b: tokens_per_seq[b], then padding (computed, never stored)
+            keys     [B, W]   row b: its draft cache after the write, stale entries past the end
+            mask     [B, M, W]  key j visible to query i of row b  <=>  j <= lens[b] + i
+        """
+        if not seqs:
+            return
+        counts = [len(t) for t in tokens_per_seq]
+        starts = [self.cache.lens.get(s, 0) for s in seqs]
+        ends = [s + n for s, n in zip(starts, counts)]
+        rows = self.cache.reserve(seqs, ends)
+        b, m, width = len(seqs), max(counts), max(ends)
+        steps = torch.arange(m)
+        real = steps < torch.tensor(counts)[:, None]  # [B, M]
+        ids = torch.zeros(b, m, dtype=torch.int64)
+        ids[real] = torch.tensor([t for toks in tokens_per_seq for t in toks], dtype=torch.int64)
+        first = torch.tensor([self.offset.get(s, 0) + n for s, n in zip(seqs, starts)])
+        entry = real.flatten().nonzero()[:, 0]  # flat [B * M] index of every real query
+        host = [ids, first[:, None] + steps, torch.tensor(starts)[:, None] + steps, torch.tensor(rows),
+                entry, torch.tensor(counts) - 1]  # fmt: skip
+        dev = cast(list[torch.Tensor], pack_to_device(host, self.device))
+        ids, positions, draft_pos, rows_t, entry, last = dev
+        feats = torch.cat(features_per_seq)
+        padded = feats.new_zeros((b * m, feats.shape[-1]))
+        padded[entry] = feats
+        x, q, k, v = self.head.project(
+            F.embedding(ids, self.embed_weight), padded.view(b, m, -1), positions
+        )  # x [B, M, H]; q [B, M, Hq, D]; k, v [B, M, Hk, D]
+        dest = (rows_t[:, None].expand(b, m).flatten()[entry], draft_pos.flatten()[entry])
+        self.cache.k.index_put_(dest, k.flatten(0, 1)[entry])
+        self.cache.v.index_put_(dest, v.flatten(0, 1)[entry])
+        keys = self._gather_heads(self.cache.k, rows_t, width)  # [B, Hq, W, D]
+        values = self._gather_heads(self.cache.v, rows_t, width)
+        mask = torch.arange(width, device=self.device) <= draft_pos[..., None]  # [B, M, W]
+        g = self.head.finish(x, _attend_batch(q, keys, values, mask))  # [B, M, H]
+        self.cache.features[rows_t] = g[torch.arange(b, device=self.device), last]
+        for s, n in zip(seqs, ends):
+            self.cache.lens[s] = n
 
     def prefill(self, seq: int, tokens: list[int], features: torch.Tensor, *, start: int = 0) -> None:
         """Start a sequence: ``tokens`` = the prompt tokens computed by the target's prefill, from
@@ -345,23 +476,115 @@ class EagleDraftWorker:
 
     def release(self, seq: int) -> None:
         self.cache.release(seq)
-        self.root_feature.pop(seq, None)
         self.offset.pop(seq, None)
 
     # ---- drafting -----------------------------------------------------------------------------
     def _logprobs(self, g: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(F.linear(g, self.lm_weight).float(), dim=-1)  # [m, Vd]
+        return torch.log_softmax(F.linear(g, self.lm_weight).float(), dim=-1)  # [..., Vd]
+
+    def draft_many(self, seqs: list[int], roots: list[int]) -> list[DraftTree]:
+        """One draft tree per sequence, rooted at ``roots[b]`` (its newest token, at draft
+        position ``cache.lens[seq] - 1``); the same trees as :meth:`draft`, grown together.
+
+        Every request keeps a frontier of exactly ``topk`` rows, so a level is one batched pass
+        over ``[B, topk]`` queries, and all bookkeeping stays on the device: the only host sync is
+        reading the finished trees.
+        """
+        if not seqs:
+            return []
+        return self._select_many(roots, *self._grow_many(seqs))
 
     @torch.inference_mode()
+    def _grow_many(self, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Every candidate of every sequence's tree: tokens, cumulative log probs (float64, as
+        :meth:`_grow` sums them) and parents, ``[B, max_nodes - 1]`` each on the device.
+
+        Candidates are numbered in creation order, as :meth:`_grow` creates them (``K`` = topk,
+        root = 0; candidate ``c`` sits at column ``c - 1``)::
+
+            level 1 (root's children)           1 .. K
+            expansion l = 1 .. num_steps - 1    K + (l-1)*K*K + 1 + row*K + j   (row: frontier row,
+                                                                                 j: its j-th child)
+
+        Keys of a level: the committed draft cache padded to the longest in the batch, then
+        ``(num_steps - 1) * K`` tree slots (level ``l`` writes its frontier at ``(l-1)*K + row``);
+        a frontier row sees its request's committed entries, its ancestors' slots and its own.
+        """
+        b, kk, dev = len(seqs), self.topk, self.device
+        lens = [self.cache.lens[s] for s in seqs]
+        width, slots = max(lens), (self.num_steps - 1) * kk
+        root_pos = [self.offset.get(s, 0) + n - 1 for s, n in zip(seqs, lens)]
+        host = torch.tensor([[self.cache.row[s] for s in seqs], lens, root_pos])
+        rows, lens_t, root_pos_t = to_device(host, dev).unbind(0)  # [B] each
+        g = self.cache.features[rows]  # [B, H]
+        keys = self._gather_heads(self.cache.k, rows, width, slots)  # [B, Hq, W + slots, D]
+        values = self._gather_heads(self.cache.v, rows, width, slots)
+        committed = (torch.arange(width, device=dev) < lens_t[:, None])[:, None].expand(b, kk, width)
+
+        # every candidate but the root, in creation order
+        tokens = torch.empty((b, self.max_nodes - 1), dtype=torch.int64, device=dev)
+        scores = torch.empty((b, self.max_nodes - 1), dtype=torch.float64, device=dev)
+        parents = torch.zeros((b, self.max_nodes - 1), dtype=torch.int64, device=dev)
+        top, idx = self._logprobs(g).topk(kk, dim=-1)  # [B, K]
+        f_tok, f_score = self.token_map[idx], top.double()  # scores in float64, as draft() sums them
+        f_num = torch.arange(1, kk + 1, device=dev).expand(b, kk)
+        tokens[:, :kk], scores[:, :kk] = f_tok, f_score
+        f_feat = g[:, None].expand(b, kk, -1)  # [B, K, H]: each frontier row's parent feature
+        seen = torch.zeros((b, kk, slots), dtype=torch.bool, device=dev)  # tree slots of its ancestors
+        for level in range(1, self.num_steps):
+            x, q, k, v = self.head.project(
+                F.embedding(f_tok, self.embed_weight), f_feat, root_pos_t[:, None] + level
+            )  # x [B, K, H]; q [B, K, Hq, D]; k, v [B, K, Hk, D]
+            at = width + (level - 1) * kk
+            keys[:, :, at : at + kk] = self._heads(k)
+            values[:, :, at : at + kk] = self._heads(v)
+            seen = seen | self._own_slot[level - 1]
+            mask = torch.cat([committed, seen], dim=-1)  # [B, K, W + slots]
+            out = self.head.finish(x, _attend_batch(q, keys, values, mask))  # [B, K, H]
+            top, idx = self._logprobs(out).topk(kk, dim=-1)  # [B, K, K]
+            new_tok = self.token_map[idx].flatten(1)  # [B, K*K], creation order
+            new_score = (f_score[..., None] + top.double()).flatten(1)
+            base = kk + (level - 1) * kk * kk
+            tokens[:, base : base + kk * kk], scores[:, base : base + kk * kk] = new_tok, new_score
+            parents[:, base : base + kk * kk] = f_num.repeat_interleave(kk, dim=1)
+            if level == self.num_steps - 1:
+                break
+            # expand the topk best new candidates next (ties: creation order, as a stable sort)
+            best = torch.sort(-new_score, dim=-1, stable=True).indices[:, :kk]  # [B, K]
+            parent_row = torch.div(best, kk, rounding_mode="floor")
+            f_tok, f_score, f_num = new_tok.gather(1, best), new_score.gather(1, best), base + 1 + best
+            f_feat = out.gather(1, parent_row[..., None].expand(-1, -1, out.shape[-1]))
+            seen = seen.gather(1, parent_row[..., None].expand(-1, -1, slots))
+        return tokens, scores, parents
+
+    def _select_many(
+        self, roots: list[int], tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor
+    ) -> list[DraftTree]:
+        """:meth:`_select` on ``[B, max_nodes - 1]`` candidates (creation order; ``parents`` by
+        candidate number, root = 0), with one device->host copy."""
+        b, n = tokens.shape[0], self.num_draft_tokens - 1
+        keep = torch.sort(-scores, dim=-1, stable=True).indices[:, :n].sort(dim=-1).values  # [B, n]
+        renumber = torch.zeros((b, self.max_nodes), dtype=torch.int64, device=tokens.device)
+        renumber.scatter_(1, keep + 1, torch.arange(1, n + 1, device=tokens.device).expand(b, n))
+        picked = torch.stack([tokens.gather(1, keep), renumber.gather(1, parents.gather(1, keep))], dim=1)
+        return [DraftTree(tokens=[root, *toks], parents=[-1, *pars])
+                for root, (toks, pars) in zip(roots, picked.tolist())]  # fmt: skip
+
     def draft(self, seq: int, root_token: int) -> DraftTree:
-        """Grow a draft tree rooted at ``root_token`` (the sequence's newest token, at draft
-        position ``cache.lens[seq] - 1``). See the module docstring."""
+        """Reference for :meth:`draft_many` (tests only): one tree grown node by node, with a
+        host sync per level. See the module docstring."""
+        return self._select(self._grow(seq, root_token))
+
+    @torch.inference_mode()
+    def _grow(self, seq: int, root_token: int) -> list[_Node]:
+        """Reference for :meth:`_grow_many`: the root and every candidate, in creation order."""
         k_c, v_c = self.cache.get(seq)
         committed = k_c.shape[0]
         root_pos = self.offset.get(seq, 0) + committed - 1
+        root_g = self.root_feature(seq)[None]
         nodes = [_Node(root_token, -1, 0.0, 0)]
-        frontier = self._children(nodes, [0], self._logprobs(self.root_feature[seq][None]))
-        parent_feature = self.root_feature[seq][None].expand(len(frontier), -1)
+        frontier = self._children(nodes, [0], self._logprobs(root_g))
+        parent_feature = root_g.expand(len(frontier), -1)
         temp_k = k_c.new_empty((0, *k_c.shape[1:]))
         temp_v = temp_k
         for _ in range(self.num_steps - 1):
@@ -389,7 +612,7 @@ class EagleDraftWorker:
             row_of = {i: r for r, i in enumerate(frontier)}
             frontier = sorted(new, key=lambda i: -nodes[i].score)[: self.topk]
             parent_feature = g[[row_of[nodes[i].parent] for i in frontier]] if frontier else g[:0]
-        return self._select(nodes)
+        return nodes
 
     def _children(self, nodes: list[_Node], parents: list[int], logp: torch.Tensor) -> list[int]:
         """Add the ``topk`` best children of each parent (``logp`` rows); returns their indices."""

@@ -124,8 +124,9 @@ class SpeculativeStep:
 
     def plan(self, rows: list[SpecRow]) -> int:
         """Draft a tree for every row; returns the slots the step needs in total."""
-        for r in rows:
-            r.tree = self.drafter.propose(r.req_pool_idx, r.context)
+        trees = self.drafter.propose_many([r.req_pool_idx for r in rows], [r.context for r in rows])
+        for r, tree in zip(rows, trees):
+            r.tree = tree
         return sum(r.num_slots for r in rows)
 
     def verify(self, rows: list[SpecRow], slots: torch.Tensor) -> list[VerifyResult]:
@@ -139,10 +140,9 @@ class SpeculativeStep:
                                       r.sampling, r.max_accept, mask))  # fmt: skip
             offset += r.num_slots
         results = self.verifier.verify(reqs)
-        for r, res in zip(rows, results):
-            self.drafter.update(r.req_pool_idx, res)
-            self.verify_count += 1
-            self.accepted_tokens += res.accept_length
+        self.drafter.update_many([r.req_pool_idx for r in rows], results)
+        self.verify_count += len(results)
+        self.accepted_tokens += sum(res.accept_length for res in results)
         return results
 
     def release(self, row: int) -> None:

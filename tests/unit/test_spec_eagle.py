@@ -96,7 +96,7 @@ def test_chain_draft_equals_step_by_step_extension(runner):
     ref = copy.deepcopy(w)
     manual = []
     for _ in range(4):
-        g = ref.root_feature[0]
+        g = ref.root_feature(0)
         tok = int(ref.token_map[ref._logprobs(g[None]).argmax(-1)])
         manual.append(tok)
         ref.extend(0, [tok], g[None])
@@ -115,8 +115,8 @@ def test_sibling_expansion_matches_separate_paths(runner):
     children = tree.children()
     for c in children[0]:  # level-1 nodes (both expanded: topk == 2)
         ref = copy.deepcopy(w)
-        ref.extend(0, [tree.tokens[c]], ref.root_feature[0][None])
-        top2 = ref.token_map[ref._logprobs(ref.root_feature[0][None]).topk(2).indices[0]].tolist()
+        ref.extend(0, [tree.tokens[c]], ref.root_feature(0)[None])
+        top2 = ref.token_map[ref._logprobs(ref.root_feature(0)[None]).topk(2).indices[0]].tolist()
         assert sorted(tree.tokens[k] for k in children[c]) == sorted(top2)
 
 
@@ -130,7 +130,7 @@ def test_catch_up_in_pieces_equals_one_pass(runner):
     b.extend(0, tokens[:3], feats[:3])
     b.extend(0, tokens[3:4], feats[3:4])
     b.extend(0, tokens[4:], feats[4:])
-    torch.testing.assert_close(a.root_feature[0], b.root_feature[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a.root_feature(0), b.root_feature(0), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(a.cache.get(0)[0], b.cache.get(0)[0], atol=1e-5, rtol=1e-5)
 
 

@@ -175,7 +175,13 @@ class OracleDrafter:
         parents.append(parent)
         return DraftTree(tokens, parents)
 
+    def propose_many(self, seqs, contexts):
+        return [self.propose(s, c) for s, c in zip(seqs, contexts)]
+
     def update(self, seq, result):
+        pass
+
+    def update_many(self, seqs, results):
         pass
 
     def release(self, seq):
