@@ -473,12 +473,13 @@ class Scheduler:
         tokens = out.synchronize()
         # Requests that finished while this step was queued are released now that it is done.
         self._release_deferred()
+        plain: list[tuple[int, int, Any]] = []  # (row, token, feature) of plain decode rows, for the drafter
         for i, req in enumerate(batch.reqs):
             if batch.prefill_row[i]:
                 self._prefilling.pop(id(req), None)
             lp = out.logprobs[i] if out.logprobs is not None else None
             if self.spec is not None:
-                self._follow_spec(batch, i, req, tokens[i], out)
+                self._follow_spec(batch, i, req, tokens[i], out, plain)
             if batch.discard[i]:
                 self._after_discarded_row(
                     req,
@@ -494,6 +495,8 @@ class Scheduler:
             if batch.prefill_row[i]:
                 self._share_prefix(req, batch.prefix_lens[i] + batch.extend_lens[i])
             self._append_token(req, tokens[i], lp)
+        if plain:
+            self.spec.on_plain_steps(*map(list, zip(*plain)))  # one catch-up pass for every row
         self._apply_jumps()
         self._drop_finished_running()
         self.outputs.flush()
@@ -523,9 +526,18 @@ class Scheduler:
         if self._decode_steps % self.cfg.log_interval == 0:
             self._log_decode()
 
-    def _follow_spec(self, batch: ScheduledBatch, i: int, req: Req, token: int, out: ForwardOutput) -> None:
+    def _follow_spec(
+        self,
+        batch: ScheduledBatch,
+        i: int,
+        req: Req,
+        token: int,
+        out: ForwardOutput,
+        plain: list[tuple[int, int, Any]],
+    ) -> None:
         """Keep the drafter in step with plain passes: prefill chunks hand over their features,
-        the last chunk starts the drafter, a plain decode step advances it."""
+        the last chunk starts the drafter, a plain decode step advances it (collected in
+        ``plain``; the caller hands them over together)."""
         if req.finished:
             return
         offset = sum(batch.extend_lens[:i])
@@ -533,7 +545,7 @@ class Scheduler:
         hidden = None if out.hidden_states is None else out.hidden_states[offset : offset + n]
         if not batch.prefill_row[i]:
             if not batch.discard[i]:
-                self.spec.on_plain_step(req.req_pool_idx, token, hidden)
+                plain.append((req.req_pool_idx, token, hidden))
             return
         if hidden is not None:
             self.spec.on_extend(req.req_pool_idx, batch.prefix_lens[i], hidden)

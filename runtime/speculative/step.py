@@ -94,14 +94,19 @@ class SpeculativeStep:
         assert isinstance(self.drafter, EagleDrafter)
         self.drafter.worker.prefill(row, tokens, hidden, start=start)
 
-    def on_plain_step(self, row: int, token: int, hidden_row: torch.Tensor | None) -> None:
-        """A plain decode step advanced ``row`` by ``token`` (``hidden_row``: the feature of the
-        step's input token, ``[1, H]``); keeps the drafter in step."""
-        if self.needs_hidden:
-            assert hidden_row is not None, "plain decode steps must return hidden states with EAGLE"
-            self.drafter.update(
-                row, VerifyResult([token], [0], torch.empty(0, dtype=torch.int64), hidden_row)
-            )
+    def on_plain_steps(
+        self, rows: list[int], tokens: list[int], hidden_rows: list[torch.Tensor | None]
+    ) -> None:
+        """A plain decode step advanced each of ``rows`` by its token (``hidden_rows[i]``: the
+        feature of the step's input token, ``[1, H]``); keeps the drafter in step, all rows in
+        one catch-up pass."""
+        if not self.needs_hidden or not rows:
+            return
+        results = []
+        for token, hidden in zip(tokens, hidden_rows):
+            assert hidden is not None, "plain decode steps must return hidden states with EAGLE"
+            results.append(VerifyResult([token], [0], torch.empty(0, dtype=torch.int64), hidden))
+        self.drafter.update_many(rows, results)
 
     @staticmethod
     def eligible(params: Any, *, wants_logprobs: bool, num_outputs: int) -> bool:

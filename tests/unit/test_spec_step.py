@@ -78,3 +78,36 @@ def test_step_greedy_equals_plain(runner, algorithm, cached):
 def test_unknown_algorithm(runner):
     with pytest.raises(ValueError):
         build_speculative_step(runner, "MEDUSA")
+
+
+def test_plain_steps_catch_the_drafter_up_like_one_update_per_row(runner):
+    """``on_plain_steps`` (one batched catch-up for every row of a plain decode step) leaves the
+    draft cache and root features as one ``update`` per row would."""
+    from phloem.runtime.speculative.verify import VerifyResult
+
+    gen = torch.Generator().manual_seed(3)
+    h = runner.model_config.hidden_size
+    prompts = {
+        row: torch.randint(2, 500, (n,), generator=gen).tolist() for row, n in ((0, 5), (2, 9), (3, 7))
+    }
+    feats = {row: torch.randn(len(p) - 1, h, generator=gen) for row, p in prompts.items()}
+    steps = [({row: int(torch.randint(2, 500, (1,), generator=gen)) for row in prompts},
+              {row: torch.randn(1, h, generator=gen) for row in prompts}) for _ in range(3)]  # fmt: skip
+    batched, single = _eagle_step(runner), _eagle_step(runner)
+    for spec in (batched, single):
+        for row, p in prompts.items():
+            spec.drafter.worker.prefill(row, p, feats[row])  # type: ignore[attr-defined]
+    rows = list(prompts)
+    for tokens, hidden in steps:
+        batched.on_plain_steps(rows, [tokens[r] for r in rows], [hidden[r] for r in rows])
+        for r in rows:
+            empty = torch.empty(0, dtype=torch.int64)
+            single.drafter.update(r, VerifyResult([tokens[r]], [0], empty, hidden[r]))
+    for r in rows:
+        wb, ws = batched.drafter.worker, single.drafter.worker  # type: ignore[attr-defined]
+        kb, vb = wb.cache.get(r)
+        ks, vs = ws.cache.get(r)
+        assert (
+            kb.shape == ks.shape and torch.allclose(kb, ks, atol=1e-5) and torch.allclose(vb, vs, atol=1e-5)
+        )
+        assert torch.allclose(wb.root_feature(r), ws.root_feature(r), atol=1e-5)
