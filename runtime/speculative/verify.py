@@ -122,7 +122,7 @@ class TreeVerifyAttention(AttentionBackend):
         """Set this pass's layout (replaces any previous one)."""
         table = self.req_to_token_pool.req_to_token
         device = table.device
-        self.mode = ForwardMode.EXTEND  # any non-idle mode: forward() routes to forward_verify
+        self.mode = ForwardMode.TARGET_VERIFY  # the base forward() routes to forward_verify
         self.out_slots = torch.cat([r.slots for r in reqs]).to(device)
         self.verify_plan: list[tuple[int, int, torch.Tensor, torch.Tensor]] = []
         start = 0
@@ -136,18 +136,6 @@ class TreeVerifyAttention(AttentionBackend):
 
     def init_metadata(self, forward_input) -> None:  # noqa: ANN001 - not used by this backend
         raise NotImplementedError("TreeVerifyAttention is set up with plan(), not from a ForwardInput")
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer: int,
-        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        if cos_sin is not None:
-            q, k = self.rotate(q, k, v, cos_sin, layer)
-        return self.forward_verify(q, k, v, layer)
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
         return self.forward_verify(q, k, v, layer)
