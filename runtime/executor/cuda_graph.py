@@ -48,14 +48,14 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 
 def capture_graphs(
-    batch_sizes: Sequence[int], run: Callable[[int], Any], device: torch.device
+    batch_sizes: Sequence[int], run: Callable[[int], Any], device: torch.device, *, pool: Any = None
 ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, Any], Any]:
     """Capture ``run(bs)`` for every size, largest first, on a side stream, all graphs in one memory
-    pool (the smaller ones reuse the largest one's memory). ``run`` must read its inputs from static
-    buffers. Returns the graphs, what each capture returned (its static outputs) and the pool."""
+    pool (the smaller ones reuse the largest one's memory; ``pool``: an existing pool to share).
+    ``run`` must read its inputs from static buffers. Returns the graphs, what each capture
+    returned (its static outputs) and the pool."""
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
     outputs: dict[int, Any] = {}
-    pool: Any = None
     stream = torch.cuda.Stream(device)
     stream.wait_stream(torch.cuda.current_stream(device))
     with torch.cuda.stream(stream):

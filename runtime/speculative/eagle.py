@@ -33,7 +33,7 @@ import heapq
 import json
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -42,6 +42,9 @@ from phloem.runtime.host_copy import pack_to_device, to_device
 from phloem.runtime.layers.rotary import rope_inv_freq
 from phloem.runtime.speculative.tree import DraftTree
 from torch import nn
+
+if TYPE_CHECKING:
+    from phloem.runtime.speculative.draft_graph import EagleGraphs
 
 __all__ = [
     "EagleConfig",
@@ -253,6 +256,13 @@ class DraftKVCache:
             self._resize(self.k.shape[0], 2 ** math.ceil(math.log2(need)))
         return [self.row[s] for s in seqs]
 
+    def ensure(self, rows: int, length: int) -> None:
+        """Room for at least ``rows`` sequences of ``length`` entries (length rounded up to a
+        power of two, as growth does)."""
+        r, n = self.capacity
+        if rows > r or length > n:
+            self._resize(max(r, rows), max(n, 2 ** math.ceil(math.log2(max(length, 1)))))
+
     def _resize(self, rows: int, length: int) -> None:
         r, n = self.capacity
         k = self.k.new_zeros((rows, length, *self.k.shape[2:]))
@@ -357,6 +367,7 @@ class EagleDraftWorker:
         self._own_slot = torch.eye(slots, dtype=torch.bool, device=embed_weight.device).view(
             num_steps - 1, topk, slots
         )  # [levels, topk, slots]: each row's own slot
+        self.graphs: EagleGraphs | None = None  # use_graphs(): draft and catch-up as CUDA graphs
 
     @classmethod
     def for_runner(cls, head: EagleHead, runner: Any, **kw: Any) -> EagleDraftWorker:
@@ -371,6 +382,14 @@ class EagleDraftWorker:
     @property
     def device(self) -> torch.device:
         return self.embed_weight.device
+
+    def use_graphs(self, max_bs: int, *, capture: bool = True) -> None:
+        """Run :meth:`draft_many` and :meth:`extend_many` of up to ``max_bs`` sequences through
+        padded fixed-shape passes, captured as CUDA graphs (``capture=False``: the same padded
+        passes, eager; how the CPU tests pin them). See :mod:`.draft_graph`."""
+        from phloem.runtime.speculative.draft_graph import EagleGraphs
+
+        self.graphs = EagleGraphs(self, max_bs=max_bs, capture=capture)
 
     def root_feature(self, seq: int) -> torch.Tensor:
         """``g`` at the sequence's newest draft position ``[H]`` (a view, valid until the next write)."""
@@ -423,43 +442,82 @@ class EagleDraftWorker:
         verify). Layout, with ``M`` = the most new tokens of a sequence and ``W`` = the longest
         sequence after the write::
 
-            queries  [B, M]   row b: tokens_per_seq[b], then padding (computed, never stored)
+            queries  [B, M]   row b: tokens_per_seq[b], then padding (computed, never read back)
             keys     [B, W]   row b: its draft cache after the write, stale entries past the end
             mask     [B, M, W]  key j visible to query i of row b  <=>  j <= lens[b] + i
+
+        Padding queries write their K/V past the end of their row, where nothing reads before a
+        later write replaces it. With CUDA graphs on (:meth:`use_graphs`) the pass is replayed.
         """
         if not seqs:
             return
+        if self.graphs is not None and self.graphs.extend(seqs, tokens_per_seq, features_per_seq):
+            return
+        m = max(len(t) for t in tokens_per_seq)
+        flat, entry, width = self.extend_inputs(seqs, tokens_per_seq, len(seqs), m)
+        dev = cast(list[torch.Tensor], pack_to_device([flat, entry], self.device))
+        views = self.extend_views(dev[0], len(seqs), m)
+        feats = torch.cat(features_per_seq)
+        padded = feats.new_zeros((len(seqs) * m, feats.shape[-1]))
+        padded[dev[1]] = feats
+        self._extend_core(*views, padded.view(len(seqs), m, -1), width)
+
+    def extend_inputs(
+        self, seqs: list[int], tokens_per_seq: list[list[int]], bs: int, m: int, *, pad_row: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Host side of a catch-up for ``bs >= len(seqs)`` rows of ``m >= max(counts)`` queries:
+        reserves room (``lens + m`` entries, padding included), advances ``cache.lens``, and
+        returns the flat int64 inputs (see :meth:`extend_views`), the flat ``[B * M]`` index of
+        every real query, and the key width the real queries need. Spare rows (``bs > len(seqs)``)
+        read and write ``pad_row`` at positions ``0 .. m - 1``."""
         counts = [len(t) for t in tokens_per_seq]
         starts = [self.cache.lens.get(s, 0) for s in seqs]
-        ends = [s + n for s, n in zip(starts, counts)]
-        rows = self.cache.reserve(seqs, ends)
-        b, m, width = len(seqs), max(counts), max(ends)
+        rows = self.cache.reserve(seqs, [s + m for s in starts])
         steps = torch.arange(m)
-        real = steps < torch.tensor(counts)[:, None]  # [B, M]
-        ids = torch.zeros(b, m, dtype=torch.int64)
+        real = steps < torch.tensor(counts + [0] * (bs - len(seqs)))[:, None]  # [bs, M]
+        ids = torch.zeros(bs, m, dtype=torch.int64)
         ids[real] = torch.tensor([t for toks in tokens_per_seq for t in toks], dtype=torch.int64)
-        first = torch.tensor([self.offset.get(s, 0) + n for s, n in zip(seqs, starts)])
-        entry = real.flatten().nonzero()[:, 0]  # flat [B * M] index of every real query
-        host = [ids, first[:, None] + steps, torch.tensor(starts)[:, None] + steps, torch.tensor(rows),
-                entry, torch.tensor(counts) - 1]  # fmt: skip
-        dev = cast(list[torch.Tensor], pack_to_device(host, self.device))
-        ids, positions, draft_pos, rows_t, entry, last = dev
-        feats = torch.cat(features_per_seq)
-        padded = feats.new_zeros((b * m, feats.shape[-1]))
-        padded[entry] = feats
-        x, q, k, v = self.head.project(
-            F.embedding(ids, self.embed_weight), padded.view(b, m, -1), positions
-        )  # x [B, M, H]; q [B, M, Hq, D]; k, v [B, M, Hk, D]
-        dest = (rows_t[:, None].expand(b, m).flatten()[entry], draft_pos.flatten()[entry])
-        self.cache.k.index_put_(dest, k.flatten(0, 1)[entry])
-        self.cache.v.index_put_(dest, v.flatten(0, 1)[entry])
-        keys = self._gather_heads(self.cache.k, rows_t, width)  # [B, Hq, W, D]
-        values = self._gather_heads(self.cache.v, rows_t, width)
-        mask = torch.arange(width, device=self.device) <= draft_pos[..., None]  # [B, M, W]
+        pad = bs - len(seqs)
+        first = torch.tensor([self.offset.get(s, 0) + n for s, n in zip(seqs, starts)] + [0] * pad)
+        draft_pos = torch.tensor(starts + [0] * pad)[:, None] + steps
+        flat = torch.cat([ids.flatten(), (first[:, None] + steps).flatten(), draft_pos.flatten(),
+                          torch.tensor(rows + [pad_row] * pad), torch.tensor(counts + [1] * pad) - 1])  # fmt: skip
+        for s, n, c in zip(seqs, starts, counts):
+            self.cache.lens[s] = n + c
+        return flat, real.flatten().nonzero()[:, 0], max(n + c for n, c in zip(starts, counts))
+
+    @staticmethod
+    def extend_views(
+        flat: torch.Tensor, bs: int, m: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``ids, positions, draft_pos`` ``[bs, m]`` and ``rows, last`` ``[bs]`` out of ``flat``."""
+        n = bs * m
+        return (flat[:n].view(bs, m), flat[n : 2 * n].view(bs, m), flat[2 * n : 3 * n].view(bs, m),
+                flat[3 * n : 3 * n + bs], flat[3 * n + bs : 3 * n + 2 * bs])  # fmt: skip
+
+    def _extend_core(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        draft_pos: torch.Tensor,
+        rows: torch.Tensor,
+        last: torch.Tensor,
+        feats: torch.Tensor,
+        width: int,
+    ) -> None:
+        """The device part of :meth:`extend_many` (device work only: a CUDA graph captures it).
+        ``feats`` ``[B, M, H]``: the features before each query; ``last``: each row's last real
+        query, whose output becomes the row's root feature."""
+        b, m = ids.shape
+        x, q, k, v = self.head.project(F.embedding(ids, self.embed_weight), feats, positions)
+        dest = (rows[:, None].expand(b, m), draft_pos)  # x [B, M, H]; q [B, M, Hq, D]; k, v [B, M, Hk, D]
+        self.cache.k.index_put_(dest, k)
+        self.cache.v.index_put_(dest, v)
+        keys = self._gather_heads(self.cache.k, rows, width)  # [B, Hq, W, D]
+        values = self._gather_heads(self.cache.v, rows, width)
+        mask = torch.arange(width, device=ids.device) <= draft_pos[..., None]  # [B, M, W]
         g = self.head.finish(x, _attend_batch(q, keys, values, mask))  # [B, M, H]
-        self.cache.features[rows_t] = g[torch.arange(b, device=self.device), last]
-        for s, n in zip(seqs, ends):
-            self.cache.lens[s] = n
+        self.cache.features[rows] = g[torch.arange(b, device=ids.device), last]
 
     def prefill(self, seq: int, tokens: list[int], features: torch.Tensor, *, start: int = 0) -> None:
         """Start a sequence: ``tokens`` = the prompt tokens computed by the target's prefill, from
@@ -492,7 +550,9 @@ class EagleDraftWorker:
         """
         if not seqs:
             return []
-        return self._select_many(roots, *self._grow_many(seqs))
+        if self.graphs is not None and (trees := self.graphs.draft(seqs, roots)) is not None:
+            return trees
+        return self.trees(roots, self._select_core(*self._grow_many(seqs)))
 
     @torch.inference_mode()
     def _grow_many(self, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -510,12 +570,26 @@ class EagleDraftWorker:
         ``(num_steps - 1) * K`` tree slots (level ``l`` writes its frontier at ``(l-1)*K + row``);
         a frontier row sees its request's committed entries, its ancestors' slots and its own.
         """
-        b, kk, dev = len(seqs), self.topk, self.device
+        host = self.draft_inputs(seqs, len(seqs))
+        rows, lens_t, root_pos_t = to_device(host, self.device).unbind(0)  # [B] each
+        return self._grow_core(rows, lens_t, root_pos_t, int(host[1].max()))
+
+    def draft_inputs(self, seqs: list[int], bs: int, *, pad_row: int = 0) -> torch.Tensor:
+        """``[3, bs]`` int64 host inputs of a draft: each row's cache row, committed length and
+        root position; spare rows (``bs > len(seqs)``) read ``pad_row`` as a one-entry sequence."""
+        pad = bs - len(seqs)
         lens = [self.cache.lens[s] for s in seqs]
-        width, slots = max(lens), (self.num_steps - 1) * kk
         root_pos = [self.offset.get(s, 0) + n - 1 for s, n in zip(seqs, lens)]
-        host = torch.tensor([[self.cache.row[s] for s in seqs], lens, root_pos])
-        rows, lens_t, root_pos_t = to_device(host, dev).unbind(0)  # [B] each
+        return torch.tensor([[self.cache.row[s] for s in seqs] + [pad_row] * pad, lens + [1] * pad,
+                             root_pos + [0] * pad])  # fmt: skip
+
+    def _grow_core(
+        self, rows: torch.Tensor, lens_t: torch.Tensor, root_pos_t: torch.Tensor, width: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The device part of :meth:`_grow_many` (device work only: a CUDA graph captures it);
+        ``width >= max(lens_t)`` committed keys are read per row."""
+        b, kk, dev = rows.shape[0], self.topk, self.device
+        slots = (self.num_steps - 1) * kk
         g = self.cache.features[rows]  # [B, H]
         keys = self._gather_heads(self.cache.k, rows, width, slots)  # [B, Hq, W + slots, D]
         values = self._gather_heads(self.cache.v, rows, width, slots)
@@ -557,16 +631,19 @@ class EagleDraftWorker:
             seen = seen.gather(1, parent_row[..., None].expand(-1, -1, slots))
         return tokens, scores, parents
 
-    def _select_many(
-        self, roots: list[int], tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor
-    ) -> list[DraftTree]:
+    def _select_core(self, tokens: torch.Tensor, scores: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
         """:meth:`_select` on ``[B, max_nodes - 1]`` candidates (creation order; ``parents`` by
-        candidate number, root = 0), with one device->host copy."""
+        candidate number, root = 0), on the device: ``[B, 2, num_draft_tokens - 1]`` kept tokens
+        and their parents (renumbered, root = 0)."""
         b, n = tokens.shape[0], self.num_draft_tokens - 1
         keep = torch.sort(-scores, dim=-1, stable=True).indices[:, :n].sort(dim=-1).values  # [B, n]
         renumber = torch.zeros((b, self.max_nodes), dtype=torch.int64, device=tokens.device)
         renumber.scatter_(1, keep + 1, torch.arange(1, n + 1, device=tokens.device).expand(b, n))
-        picked = torch.stack([tokens.gather(1, keep), renumber.gather(1, parents.gather(1, keep))], dim=1)
+        return torch.stack([tokens.gather(1, keep), renumber.gather(1, parents.gather(1, keep))], dim=1)
+
+    @staticmethod
+    def trees(roots: list[int], picked: torch.Tensor) -> list[DraftTree]:
+        """The trees of :meth:`_select_core`'s output (one device->host copy)."""
         return [DraftTree(tokens=[root, *toks], parents=[-1, *pars])
                 for root, (toks, pars) in zip(roots, picked.tolist())]  # fmt: skip
 

@@ -195,6 +195,8 @@ def build_speculative_step(
         head = load_eagle_head(draft_model_path or DEFAULT_EAGLE_HEAD)
         worker = EagleDraftWorker.for_runner(head, runner, num_steps=num_steps, topk=topk,
                                              num_draft_tokens=num_draft_tokens)  # fmt: skip
+        if runner.device.type == "cuda" and runner.cuda_graphs is not None and max_batch > 0:
+            worker.use_graphs(max_batch)  # draft and catch-up as CUDA graphs, captured on first use
         return SpeculativeStep(
             runner, EagleDrafter(worker), max_tree=worker.num_draft_tokens, seed=seed, max_batch=max_batch
         )

@@ -1,0 +1,129 @@
+"""The padded, fixed-shape EAGLE passes that CUDA graphs capture (``EagleGraphs``), run eagerly on
+the CPU against the worker's own batched passes: same trees, same cache and root features, with
+padded batches, key widths rounded up, the scratch row, fallbacks and cache growth."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from phloem.runtime.speculative.draft_graph import SCRATCH_SEQ
+from phloem.runtime.speculative.eagle import EagleDraftWorker
+
+from tests.unit.test_eagle_batch import assert_same_state, catch_up_inputs, random_worker, runner, start
+
+__all__ = ["runner"]  # the module-scoped fixture, shared with test_eagle_batch
+
+
+def twins(runner, **kw):  # noqa: ANN001, ANN201
+    """An eager worker and a copy whose passes go through ``EagleGraphs`` (no capture)."""
+    eager = random_worker(runner, **kw)
+    padded = copy.deepcopy(eager)
+    padded.use_graphs(8, capture=False)
+    return eager, padded
+
+
+def same_trees(a, b) -> None:  # noqa: ANN001
+    assert [(t.tokens, t.parents) for t in a] == [(t.tokens, t.parents) for t in b]
+
+
+@pytest.mark.parametrize("num_steps, topk, num_draft_tokens", [(4, 1, 5), (3, 3, 8), (4, 4, 8), (1, 2, 3)])
+def test_padded_draft_and_catch_up_equal_the_eager_passes(runner, num_steps, topk, num_draft_tokens):
+    eager, padded = twins(runner, seed=5, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    seqs = [3, 0, 5, 1, 6]  # padded to a batch of 8; committed lengths 2 .. 40
+    for w in (eager, padded):
+        start(w, seqs, [9, 2, 40, 17, 5], offset=3)
+    roots = [11, 12, 13, 14, 15]
+    for step in range(4):
+        same_trees(eager.draft_many(seqs, roots), padded.draft_many(seqs, roots))
+        # 1 .. num_steps + 1 tokens per sequence, as a verify commits
+        counts = [1 + (i + step) % (num_steps + 1) for i in range(len(seqs))]
+        tokens, feats = catch_up_inputs(eager, counts, seed=step)
+        eager.extend_many(seqs, tokens, feats)
+        padded.extend_many(seqs, tokens, feats)
+        assert_same_state(eager, padded, seqs)
+        roots = [t[-1] for t in tokens]
+        seqs = seqs[: len(seqs) - step % 2] if len(seqs) > 2 else seqs  # the batch shrinks
+    keys = set(padded.graphs.passes)
+    assert {k[0] for k in keys} == {"draft", "extend"} and {k[1] for k in keys} <= {1, 2, 4, 8}
+    assert all(k[2] >= 64 and k[2] & (k[2] - 1) == 0 for k in keys)  # widths: powers of two
+
+
+def test_the_scratch_row_is_nobody_s(runner):
+    _, padded = twins(runner, seed=6)
+    pad = padded.graphs.pad_row
+    start(padded, list(range(8)), [3] * 8)
+    assert padded.cache.row[SCRATCH_SEQ] == pad and pad not in [padded.cache.row[s] for s in range(8)]
+    padded.release(0)
+    start(padded, [9], [4])
+    assert padded.cache.row[9] != pad
+
+
+def test_fallbacks_and_cache_growth(runner):
+    eager, padded = twins(runner, seed=7, num_steps=3, topk=1, num_draft_tokens=4)
+    seqs = list(range(10))  # more than the largest padded batch (8): the eager pass runs
+    for w in (eager, padded):
+        start(w, seqs, [3 + s for s in seqs])
+    same_trees(eager.draft_many(seqs, seqs), padded.draft_many(seqs, seqs))
+    assert not padded.graphs.passes
+    few = seqs[:3]
+    same_trees(eager.draft_many(few, few), padded.draft_many(few, few))
+    before = dict(padded.graphs.passes)
+    # a catch-up longer than num_steps + 1 tokens (not a verify's) also runs eagerly
+    tokens, feats = catch_up_inputs(eager, [6, 1, 2], seed=1)
+    eager.extend_many(few, tokens, feats)
+    padded.extend_many(few, tokens, feats)
+    assert padded.graphs.passes.keys() == before.keys()
+    assert_same_state(eager, padded, few)
+    # grow one sequence past the cache's length: the passes over the old storage are dropped
+    length = padded.cache.capacity[1]
+    for _ in range(length // 4 + 1):
+        tokens, feats = catch_up_inputs(eager, [4, 1, 1], seed=2)
+        eager.extend_many(few, tokens, feats)
+        padded.extend_many(few, tokens, feats)
+    assert padded.cache.capacity[1] > length
+    assert all(p is not before.get(k) for k, p in padded.graphs.passes.items())
+    assert_same_state(eager, padded, few)
+    same_trees(eager.draft_many(few, [1, 2, 3]), padded.draft_many(few, [1, 2, 3]))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("num_steps, topk, num_draft_tokens", [(4, 1, 5), (4, 4, 8)])
+def test_captured_graphs_replay_the_padded_passes_exactly(runner, num_steps, topk, num_draft_tokens):
+    """On CUDA the captured graphs give bit-identical trees, cache and root features to the same
+    padded passes run eagerly, across replays with new inputs (and new key widths)."""
+    cpu = random_worker(runner, seed=8, num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens)
+    model = runner.model
+    lm = model.lm_head.tied_to.weight if model.lm_head.tied_to is not None else model.lm_head.weight
+
+    def on_cuda(capture: bool) -> EagleDraftWorker:
+        w = EagleDraftWorker(copy.deepcopy(cpu.head), embed_weight=model.model.embed_tokens.weight.cuda(),
+                             lm_head_weight=lm.cuda(), num_steps=num_steps, topk=topk,
+                             num_draft_tokens=num_draft_tokens)  # fmt: skip
+        w.use_graphs(8, capture=capture)
+        return w
+
+    graphs, eager = on_cuda(True), on_cuda(False)
+    seqs = [3, 0, 5, 1, 6]
+    gen = torch.Generator().manual_seed(0)
+    for s, n in zip(seqs, [9, 2, 60, 17, 5]):
+        tokens = torch.randint(0, runner.vocab_size, (n,), generator=gen).tolist()
+        feats = torch.randn(n - 1, cpu.head.cfg.hidden_size, generator=gen).cuda()
+        for w in (graphs, eager):
+            w.prefill(s, tokens, feats)
+    roots = [11, 12, 13, 14, 15]
+    for step in range(6):
+        same_trees(graphs.draft_many(seqs, roots), eager.draft_many(seqs, roots))
+        counts = [1 + (i + step) % (num_steps + 1) for i in range(len(seqs))]
+        tokens, feats = catch_up_inputs(cpu, counts, seed=step)
+        feats = [f.cuda() for f in feats]
+        graphs.extend_many(seqs, tokens, feats)
+        eager.extend_many(seqs, tokens, feats)
+        for s in seqs:
+            for x, y in zip(graphs.cache.get(s), eager.cache.get(s)):
+                assert torch.equal(x, y)
+            assert torch.equal(graphs.root_feature(s), eager.root_feature(s))
+        roots = [t[-1] for t in tokens]
+    assert graphs.graphs.captured >= 2 and all(p.graph is not None for p in graphs.graphs.passes.values())
