@@ -67,7 +67,7 @@ class TritonBackend(AttentionBackend):
         torch reference path take the unfused route)."""
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         fusable = (
-            self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND)
+            self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
             and use_fused(q)
             and k_buf.dtype == k.dtype
             and all(x.stride(-1) == 1 for x in (q, k, v))

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from phloem.runtime.attention.base import varying_shape_sdpa
 from phloem.runtime.host_copy import pack_to_device, to_device
+from phloem.runtime.layers.fusion import use_fused
 from phloem.runtime.layers.rotary import rope_inv_freq
 from phloem.runtime.speculative.tree import DraftTree
 from torch import nn
@@ -94,8 +95,32 @@ class EagleConfig:
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    if _fused(x):
+        from phloem.runtime.layers import fused_triton
+
+        return fused_triton.rmsnorm(x, weight, eps)
     xf = x.float()
     return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype) * weight
+
+
+def _fused(x: torch.Tensor) -> bool:
+    """The runtime's fused kernels (one launch for a norm, a rotation, a SwiGLU) at inference on
+    CUDA; training keeps the autograd-friendly torch ops (the kernels have no backward)."""
+    return use_fused(x) and not torch.is_grad_enabled()
+
+
+def _rope_pair(
+    q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``q`` ``[..., Hq, D]`` and ``k`` ``[..., Hk, D]`` rotated with tables ``[..., 1, D/2]``."""
+    if _fused(q) and q.stride(-1) == 1 and k.stride(-1) == 1:
+        from phloem.runtime.layers import fused_triton
+
+        lead, half = q.shape[:-2], cos.shape[-1]
+        q2, k2 = fused_triton.rope_(q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]),
+                                    cos.reshape(-1, half), sin.reshape(-1, half))  # fmt: skip
+        return q2.view(*lead, *q.shape[-2:]), k2.view(*lead, *k.shape[-2:])
+    return _rope(q, cos, sin), _rope(k, cos, sin)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -156,12 +181,18 @@ class EagleHead(nn.Module):
         k = k.unflatten(-1, (c.num_kv_heads, c.head_dim))
         v = v.unflatten(-1, (c.num_kv_heads, c.head_dim))
         cos, sin = self.rope(positions)
-        return x, _rope(q, cos, sin), _rope(k, cos, sin), v
+        q, k = _rope_pair(q, k, cos, sin)
+        return x, q, k, v
 
     def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Residual ``x`` and attention output ``[..., Hq, D]`` -> predicted feature ``[..., H]``."""
         x = x + self.o_proj(attn_out.flatten(-2))
-        gate, up = self.gate_up_proj(_rms_norm(x, self.post_norm, self.cfg.rms_norm_eps)).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(_rms_norm(x, self.post_norm, self.cfg.rms_norm_eps))
+        if _fused(gate_up):
+            from phloem.runtime.layers import fused_triton
+
+            return x + self.down_proj(fused_triton.silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return x + self.down_proj(F.silu(gate) * up)
 
     def forward_dense(
@@ -311,6 +342,28 @@ def _attend_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
     ``mask`` ``[B, m, S]`` -> ``[B, m, Hq, D]``."""
     o = varying_shape_sdpa(q.transpose(1, 2), k, v, attn_mask=mask[:, None])
     return o.transpose(1, 2)
+
+
+def _topk(x: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, dim=-1)`` (values and indices, best first) in two passes over a long last axis.
+
+    One row of a ~50k vocabulary is a single-block top-k on CUDA (~30 us on an H200); the best
+    ``k`` of each ``chunk`` first, then of those, spreads the work over many blocks. ``k == 1`` is
+    a max. Ties may pick a different index than one pass would (any of them is a valid answer).
+    """
+    n = x.shape[-1]
+    if k == 1:
+        top, idx = x.max(dim=-1, keepdim=True)
+        return top, idx
+    if n <= 2 * chunk or k > chunk:
+        return x.topk(k, dim=-1)
+    pad = -n % chunk
+    if pad:
+        x = F.pad(x, (0, pad), value=float("-inf"))
+    part, part_idx = x.unflatten(-1, (-1, chunk)).topk(k, dim=-1)  # [..., n / chunk, k]
+    top, at = part.flatten(-2).topk(k, dim=-1)
+    base = torch.div(at, k, rounding_mode="floor") * chunk
+    return top, base + part_idx.flatten(-2).gather(-1, at)
 
 
 # ---------------------------------------------------------------------------------- worker
@@ -537,8 +590,12 @@ class EagleDraftWorker:
         self.offset.pop(seq, None)
 
     # ---- drafting -----------------------------------------------------------------------------
-    def _logprobs(self, g: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(F.linear(g, self.lm_weight).float(), dim=-1)  # [..., Vd]
+    def _top(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The ``k`` best draft tokens after features ``g`` ``[..., H]``: their log probabilities
+        and draft-vocabulary indices, ``[..., k]`` each, best first."""
+        logits = F.linear(g, self.lm_weight).float()  # [..., Vd]
+        top, idx = _topk(logits, k)
+        return top - torch.logsumexp(logits, dim=-1, keepdim=True), idx
 
     def draft_many(self, seqs: list[int], roots: list[int]) -> list[DraftTree]:
         """One draft tree per sequence, rooted at ``roots[b]`` (its newest token, at draft
@@ -599,7 +656,7 @@ class EagleDraftWorker:
         tokens = torch.empty((b, self.max_nodes - 1), dtype=torch.int64, device=dev)
         scores = torch.empty((b, self.max_nodes - 1), dtype=torch.float64, device=dev)
         parents = torch.zeros((b, self.max_nodes - 1), dtype=torch.int64, device=dev)
-        top, idx = self._logprobs(g).topk(kk, dim=-1)  # [B, K]
+        top, idx = self._top(g, kk)  # [B, K]
         f_tok, f_score = self.token_map[idx], top.double()  # scores in float64, as draft() sums them
         f_num = torch.arange(1, kk + 1, device=dev).expand(b, kk)
         tokens[:, :kk], scores[:, :kk] = f_tok, f_score
@@ -615,7 +672,7 @@ class EagleDraftWorker:
             seen = seen | self._own_slot[level - 1]
             mask = torch.cat([committed, seen], dim=-1)  # [B, K, W + slots]
             out = self.head.finish(x, _attend_batch(q, keys, values, mask))  # [B, K, H]
-            top, idx = self._logprobs(out).topk(kk, dim=-1)  # [B, K, K]
+            top, idx = self._top(out, kk)  # [B, K, K]
             new_tok = self.token_map[idx].flatten(1)  # [B, K*K], creation order
             new_score = (f_score[..., None] + top.double()).flatten(1)
             base = kk + (level - 1) * kk * kk
@@ -660,7 +717,7 @@ class EagleDraftWorker:
         root_pos = self.offset.get(seq, 0) + committed - 1
         root_g = self.root_feature(seq)[None]
         nodes = [_Node(root_token, -1, 0.0, 0)]
-        frontier = self._children(nodes, [0], self._logprobs(root_g))
+        frontier = self._children(nodes, [0], *self._top(root_g, self.topk))
         parent_feature = root_g.expand(len(frontier), -1)
         temp_k = k_c.new_empty((0, *k_c.shape[1:]))
         temp_v = temp_k
@@ -684,16 +741,15 @@ class EagleDraftWorker:
                 )
                 mask[row, [committed + t for t in (*node.ancestors, node.temp)]] = True
             g = self.head.finish(x, _attend(q, torch.cat([k_c, temp_k]), torch.cat([v_c, temp_v]), mask))
-            new = self._children(nodes, frontier, self._logprobs(g))
+            new = self._children(nodes, frontier, *self._top(g, self.topk))
             # expand the topk best new nodes next, each with its parent's predicted feature
             row_of = {i: r for r, i in enumerate(frontier)}
             frontier = sorted(new, key=lambda i: -nodes[i].score)[: self.topk]
             parent_feature = g[[row_of[nodes[i].parent] for i in frontier]] if frontier else g[:0]
         return nodes
 
-    def _children(self, nodes: list[_Node], parents: list[int], logp: torch.Tensor) -> list[int]:
-        """Add the ``topk`` best children of each parent (``logp`` rows); returns their indices."""
-        top, idx = logp.topk(self.topk, dim=-1)
+    def _children(self, nodes: list[_Node], parents: list[int], top: torch.Tensor, idx: torch.Tensor) -> list[int]:
+        """Add the ``topk`` best children of each parent (rows of :meth:`_top`); returns their indices."""
         tokens = self.token_map[idx].tolist()
         scores = top.tolist()  # one device sync, not one per node
         added = []

@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.attention.triton import TritonBackend
 from phloem.runtime.attention.triton_verify import tree_verify_attention, tree_verify_reference
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
@@ -38,11 +38,10 @@ __all__ = ["TreeVerifyBackend", "VerifyGraphRunner"]
 logger = logging.getLogger(__name__)
 
 
-class TreeVerifyBackend(AttentionBackend):
+class TreeVerifyBackend(TritonBackend):
     """Triton tree attention over metadata tensors set by :meth:`bind` (views of static buffers
-    under a graph, so a replay reads whatever was copied in last)."""
-
-    supports_cuda_graph = True
+    under a graph, so a replay reads whatever was copied in last). RoPE and the nodes' K/V write
+    are one kernel, as in :class:`TritonBackend` (its ``rotate``)."""
 
     def bind(
         self,
@@ -54,12 +53,13 @@ class TreeVerifyBackend(AttentionBackend):
         self.mode = ForwardMode.TARGET_VERIFY
         self.req_pool_indices, self.prefix_lens = req_pool_indices, prefix_lens
         self.node_slots, self.tree_mask = node_slots, tree_mask
+        self.out_slots = node_slots  # where rotate() writes the nodes' K/V
 
     def init_metadata(self, forward_input: Any) -> None:
         raise NotImplementedError("TreeVerifyBackend is set up with bind(), not from a ForwardInput")
 
     def forward_verify(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
-        self.kv_pool.set_kv(layer, self.node_slots, k, v)
+        self._store(k, v, layer)  # unless rotate() wrote them already
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         if q.device.type == "cpu":  # the oracle: lets the padded layout be tested without a GPU

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 from phloem.runtime.speculative.draft_graph import SCRATCH_SEQ
-from phloem.runtime.speculative.eagle import EagleDraftWorker
+from phloem.runtime.speculative.eagle import EagleDraftWorker, _topk
 
 from tests.unit.test_eagle_batch import assert_same_state, catch_up_inputs, random_worker, runner, start
 
@@ -127,3 +127,32 @@ def test_captured_graphs_replay_the_padded_passes_exactly(runner, num_steps, top
             assert torch.equal(graphs.root_feature(s), eager.root_feature(s))
         roots = [t[-1] for t in tokens]
     assert graphs.graphs.captured >= 2 and all(p.graph is not None for p in graphs.graphs.passes.values())
+
+
+@pytest.mark.parametrize("n, k", [(100, 1), (100, 3), (3000, 1), (3000, 4), (49152, 4), (50000, 8)])
+def test_two_pass_topk_equals_topk(n, k):
+    x = torch.randn(3, 5, n, generator=torch.Generator().manual_seed(n + k))
+    got, want = _topk(x, k), x.topk(k, dim=-1)
+    assert torch.equal(got[0], want.values) and torch.equal(got[1], want.indices)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fused_head_kernels_match_the_torch_ops(runner):
+    """At inference on CUDA the head's norms, rotation and SwiGLU are the runtime's fused kernels;
+    with autograd on (training) they are torch ops. Both give the same features."""
+    head = random_worker(runner, seed=9).head.cuda()
+    gen = torch.Generator().manual_seed(1)
+    h = head.cfg.hidden_size
+    emb, feat = torch.randn(4, 3, h, generator=gen).cuda(), torch.randn(4, 3, h, generator=gen).cuda()
+    positions = torch.arange(12, device="cuda").view(4, 3) + 5
+
+    def run() -> torch.Tensor:
+        x, q, k, v = head.project(emb, feat, positions)
+        return head.finish(x, q)  # q stands in for the attention output: same shape
+
+    with torch.inference_mode():
+        fused = run()
+    with torch.enable_grad():
+        plain = run().detach()
+    torch.testing.assert_close(fused, plain, atol=1e-4, rtol=1e-4)

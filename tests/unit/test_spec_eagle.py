@@ -97,7 +97,7 @@ def test_chain_draft_equals_step_by_step_extension(runner):
     manual = []
     for _ in range(4):
         g = ref.root_feature(0)
-        tok = int(ref.token_map[ref._logprobs(g[None]).argmax(-1)])
+        tok = int(ref.token_map[torch.nn.functional.linear(g[None], ref.lm_weight).argmax(-1)])
         manual.append(tok)
         ref.extend(0, [tok], g[None])
     assert chain == manual
@@ -116,7 +116,7 @@ def test_sibling_expansion_matches_separate_paths(runner):
     for c in children[0]:  # level-1 nodes (both expanded: topk == 2)
         ref = copy.deepcopy(w)
         ref.extend(0, [tree.tokens[c]], ref.root_feature(0)[None])
-        top2 = ref.token_map[ref._logprobs(ref.root_feature(0)[None]).topk(2).indices[0]].tolist()
+        top2 = ref.token_map[torch.nn.functional.linear(ref.root_feature(0)[None], ref.lm_weight).topk(2).indices[0]].tolist()
         assert sorted(tree.tokens[k] for k in children[c]) == sorted(top2)
 
 
