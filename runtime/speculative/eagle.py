@@ -117,8 +117,8 @@ def _rope_pair(
         from phloem.runtime.layers import fused_triton
 
         lead, half = q.shape[:-2], cos.shape[-1]
-        q2, k2 = fused_triton.rope_(q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]),
-                                    cos.reshape(-1, half), sin.reshape(-1, half))  # fmt: skip
+        cos, sin = (t.expand(*lead, 1, half).reshape(-1, half) for t in (cos, sin))  # positions may broadcast
+        q2, k2 = fused_triton.rope_(q.reshape(-1, *q.shape[-2:]), k.reshape(-1, *k.shape[-2:]), cos, sin)
         return q2.view(*lead, *q.shape[-2:]), k2.view(*lead, *k.shape[-2:])
     return _rope(q, cos, sin), _rope(k, cos, sin)
 

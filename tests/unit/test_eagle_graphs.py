@@ -145,7 +145,7 @@ def test_fused_head_kernels_match_the_torch_ops(runner):
     gen = torch.Generator().manual_seed(1)
     h = head.cfg.hidden_size
     emb, feat = torch.randn(4, 3, h, generator=gen).cuda(), torch.randn(4, 3, h, generator=gen).cuda()
-    positions = torch.arange(12, device="cuda").view(4, 3) + 5
+    positions = torch.arange(4, device="cuda")[:, None] + 5  # [4, 1]: broadcast over the 3 rows, as drafting does
 
     def run() -> torch.Tensor:
         x, q, k, v = head.project(emb, feat, positions)
