@@ -67,6 +67,10 @@ class Drafter(Protocol):
     def update_many(self, seqs: list[int], results: list[VerifyResult]) -> None:
         """:meth:`update` for every sequence of a step (distinct ``seqs``)."""
 
+    def draft_ahead(self, seqs: list[int], roots: list[int]) -> None:
+        """A hint after a verify: the next :meth:`propose_many` will likely ask for these
+        sequences with these newest tokens (a drafter may start on them now)."""
+
     def release(self, seq: int) -> None: ...
 
 
@@ -89,6 +93,9 @@ class NgramDrafter:
         pass
 
     def update_many(self, seqs: list[int], results: list[VerifyResult]) -> None:
+        pass
+
+    def draft_ahead(self, seqs: list[int], roots: list[int]) -> None:
         pass
 
     def release(self, seq: int) -> None:
@@ -115,6 +122,9 @@ class EagleDrafter:
 
     def update_many(self, seqs: list[int], results: list[VerifyResult]) -> None:
         self.worker.extend_many(seqs, [r.tokens for r in results], [r.hidden for r in results])
+
+    def draft_ahead(self, seqs: list[int], roots: list[int]) -> None:
+        self.worker.draft_ahead(seqs, roots)
 
     def release(self, seq: int) -> None:
         self.worker.release(seq)
@@ -278,6 +288,7 @@ class SpeculativeDecoder:
                 still.append(i)
                 caught_up.append(res)
         self.drafter.update_many([rows[i] for i in still], caught_up)  # EAGLE catch-up: counted as drafting
+        self.drafter.draft_ahead([rows[i] for i in still], [outs[i].tokens[-1] for i in still])
         t3 = time.perf_counter()
         for i in active:
             outs[i].draft_seconds += (t1 - t0) + (t3 - t2)

@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.host_copy import pack_to_device
-from phloem.runtime.speculative.tree import DraftTree
 
 if TYPE_CHECKING:
     from phloem.runtime.speculative.eagle import EagleDraftWorker
@@ -90,8 +89,9 @@ class EagleGraphs:
 
     # ---- entry points (None / False: not handled, the caller runs its eager pass) ------------
     @torch.inference_mode()
-    def draft(self, seqs: list[int], roots: list[int]) -> list[DraftTree] | None:
-        """:meth:`EagleDraftWorker.draft_many` through a padded pass."""
+    def draft(self, seqs: list[int]) -> torch.Tensor | None:
+        """:meth:`EagleDraftWorker.draft_many` through a padded pass: the kept tokens and parents
+        ``[len(seqs), 2, n]`` on the device (valid until another graph of this object runs)."""
         bs = self._padded(len(seqs))
         if bs is None:
             return None
@@ -110,7 +110,7 @@ class EagleGraphs:
             return _Pass([static], fn)
 
         p = self._pass(("draft", bs, width), make, [dev])
-        return w.trees(roots, p.run()[: len(seqs)])
+        return p.run()[: len(seqs)]
 
     @torch.inference_mode()
     def extend(

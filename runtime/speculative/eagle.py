@@ -367,6 +367,36 @@ def _topk(x: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, tor
 
 
 # ---------------------------------------------------------------------------------- worker
+class _DraftAhead:
+    """Trees drafted ahead (:meth:`EagleDraftWorker.draft_ahead`): ``[B, 2, n]`` kept tokens and
+    parents on their way to the host, and the sequence and root each row was drafted for."""
+
+    def __init__(self, seqs: list[int], roots: list[int], picked: torch.Tensor) -> None:
+        cuda = picked.device.type == "cuda"
+        self.host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=cuda)
+        self.host.copy_(picked, non_blocking=cuda)  # out of the graph pool before another graph runs
+        self.event = torch.cuda.Event() if cuda else None
+        if self.event is not None:
+            self.event.record()
+        self.rows = {s: (i, root) for i, (s, root) in enumerate(zip(seqs, roots))}
+
+    def forget(self, seqs: list[int]) -> None:
+        for s in seqs:
+            self.rows.pop(s, None)
+
+    def trees(self, seqs: list[int], roots: list[int]) -> list[DraftTree] | None:
+        """The trees of ``seqs`` if every one was drafted ahead with the same root, else None."""
+        idx = []
+        for s, root in zip(seqs, roots):
+            got = self.rows.get(s)
+            if got is None or got[1] != root:
+                return None
+            idx.append(got[0])
+        if self.event is not None:
+            self.event.synchronize()
+        return EagleDraftWorker.trees(roots, self.host[idx])
+
+
 @dataclass
 class _Node:
     token: int  # target vocabulary id
@@ -421,6 +451,7 @@ class EagleDraftWorker:
             num_steps - 1, topk, slots
         )  # [levels, topk, slots]: each row's own slot
         self.graphs: EagleGraphs | None = None  # use_graphs(): draft and catch-up as CUDA graphs
+        self._ahead: _DraftAhead | None = None  # draft_ahead(): trees launched before they are asked for
 
     @classmethod
     def for_runner(cls, head: EagleHead, runner: Any, **kw: Any) -> EagleDraftWorker:
@@ -475,6 +506,7 @@ class EagleDraftWorker:
         One sequence, no padding (prefill and plain decode steps); :meth:`extend_many` is the
         batched form with the same results, and this method is its reference in tests.
         """
+        self._forget_ahead([seq])
         start = self.cache.lens.get(seq, 0)
         ids = torch.tensor(tokens, dtype=torch.int64, device=self.device)
         first = self.offset.get(seq, 0) + start
@@ -504,6 +536,7 @@ class EagleDraftWorker:
         """
         if not seqs:
             return
+        self._forget_ahead(seqs)
         if self.graphs is not None and self.graphs.extend(seqs, tokens_per_seq, features_per_seq):
             return
         m = max(len(t) for t in tokens_per_seq)
@@ -586,6 +619,7 @@ class EagleDraftWorker:
         self.extend(seq, tokens, torch.cat([zero, features]))
 
     def release(self, seq: int) -> None:
+        self._forget_ahead([seq])
         self.cache.release(seq)
         self.offset.pop(seq, None)
 
@@ -607,9 +641,31 @@ class EagleDraftWorker:
         """
         if not seqs:
             return []
-        if self.graphs is not None and (trees := self.graphs.draft(seqs, roots)) is not None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and (trees := ahead.trees(seqs, roots)) is not None:
             return trees
+        if self.graphs is not None and (picked := self.graphs.draft(seqs)) is not None:
+            return self.trees(roots, picked)
         return self.trees(roots, self._select_core(*self._grow_many(seqs)))
+
+    @torch.inference_mode()
+    def draft_ahead(self, seqs: list[int], roots: list[int]) -> None:
+        """Launch the next :meth:`draft_many` of ``seqs`` now, right behind the catch-up that
+        precedes it, and copy its trees to the host without waiting: the GPU drafts while the
+        scheduler does its bookkeeping, and the next ``draft_many`` of any subset of ``seqs``
+        with the same roots only reads them. A later write to a sequence's draft cache
+        (catch-up, prefill, release) drops its tree. Only with CUDA graphs (elsewhere the draft
+        runs on the host thread anyway)."""
+        self._ahead = None
+        if self.graphs is None or not seqs:
+            return
+        picked = self.graphs.draft(seqs)
+        if picked is not None:
+            self._ahead = _DraftAhead(seqs, roots, picked)
+
+    def _forget_ahead(self, seqs: list[int]) -> None:
+        if self._ahead is not None:
+            self._ahead.forget(seqs)
 
     @torch.inference_mode()
     def _grow_many(self, seqs: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -145,7 +145,10 @@ class SpeculativeStep:
                                       r.sampling, r.max_accept, mask))  # fmt: skip
             offset += r.num_slots
         results = self.verifier.verify(reqs)
-        self.drafter.update_many([r.req_pool_idx for r in rows], results)
+        seqs = [r.req_pool_idx for r in rows]
+        self.drafter.update_many(seqs, results)
+        # the next step's trees, drafted on the GPU while the scheduler does its bookkeeping
+        self.drafter.draft_ahead(seqs, [res.tokens[-1] for res in results])
         self.verify_count += len(results)
         self.accepted_tokens += sum(res.accept_length for res in results)
         return results

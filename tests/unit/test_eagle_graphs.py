@@ -156,3 +156,33 @@ def test_fused_head_kernels_match_the_torch_ops(runner):
     with torch.enable_grad():
         plain = run().detach()
     torch.testing.assert_close(fused, plain, atol=1e-4, rtol=1e-4)
+
+
+def test_trees_drafted_ahead_are_the_trees_drafted_on_demand(runner):
+    """``draft_ahead`` then ``draft_many`` of any subset with the same roots gives the trees a
+    fresh draft gives; a catch-up, a release or another root in between makes it draft afresh."""
+    eager, ahead = twins(runner, seed=10, num_steps=3, topk=2, num_draft_tokens=6)
+    seqs, roots = [4, 1, 6, 2], [21, 22, 23, 24]
+    for w in (eager, ahead):
+        start(w, seqs, [7, 12, 3, 30])
+    calls: list[list[int]] = []
+    draft = ahead.graphs.draft
+    ahead.graphs.draft = lambda s: calls.append(s) or draft(s)  # type: ignore[method-assign]
+    ahead.draft_ahead(seqs, roots)
+    assert ahead._ahead is not None and calls == [seqs]
+    same_trees(eager.draft_many([1, 2], [22, 24]), ahead.draft_many([1, 2], [22, 24]))
+    assert len(calls) == 1 and ahead._ahead is None  # read from the ahead copy, which is used up
+    ahead.draft_ahead(seqs, roots)
+    same_trees(eager.draft_many(seqs, [21, 22, 23, 99]), ahead.draft_many(seqs, [21, 22, 23, 99]))
+    assert calls[1:] == [seqs, seqs]  # a root changed: drafted afresh
+    ahead.draft_ahead(seqs, roots)
+    tokens, feats = catch_up_inputs(eager, [2], seed=3)
+    for w in (eager, ahead):
+        w.extend_many([6], tokens, feats)
+    ahead.release(4)
+    eager.release(4)
+    assert set(ahead._ahead.rows) == {1, 2}  # 6 caught up, 4 left
+    same_trees(eager.draft_many([1, 6], [22, 5]), ahead.draft_many([1, 6], [22, 5]))
+    assert calls[-1] == [1, 6]
+    same_trees(eager.draft_many([1, 2], [22, 24]), ahead.draft_many([1, 2], [22, 24]))
+    assert calls[-1] == [1, 2]  # nothing left ahead

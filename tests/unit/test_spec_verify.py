@@ -184,6 +184,9 @@ class OracleDrafter:
     def update_many(self, seqs, results):
         pass
 
+    def draft_ahead(self, seqs, roots):
+        pass
+
     def release(self, seq):
         self.rows.pop(seq, None)
 
