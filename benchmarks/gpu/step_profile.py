@@ -53,7 +53,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         )
     if args.head:
         kw["speculative_draft_model_path"] = args.head
-    return build_scheduler(EngineArgs(**kw), send=lambda m: None)
+    sched = build_scheduler(EngineArgs(**kw), send=lambda m: None)
+    if args.no_draft_ahead and sched.spec is not None:
+        sched.spec.draft_ahead = False  # A/B of drafting the next trees right after the catch-up
+    return sched
 
 
 # A schema whose strings never force an end: the constrained rows run their full length.
@@ -166,6 +169,7 @@ def main() -> None:
     p.add_argument("--spec-steps", type=int, default=3)
     p.add_argument("--spec-topk", type=int, default=1)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
+    p.add_argument("--no-draft-ahead", action="store_true", help="EAGLE: draft each step's trees on demand")
     p.add_argument("--json-schema", action="store_true", help="every request constrained by a JSON schema")
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--no-torch-profile", action="store_true")

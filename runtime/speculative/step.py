@@ -65,6 +65,7 @@ class SpeculativeStep:
         self.vocab_size = runner.vocab_size
         self.max_tree = max_tree
         self.needs_hidden = isinstance(drafter, EagleDrafter)
+        self.draft_ahead = True  # hint the drafter after each verify (off: benchmarks' A/B only)
         self.verify_count = 0
         self.accepted_tokens = 0
         self._prefill: dict[int, tuple[int, list[torch.Tensor]]] = {}  # row -> (start, hidden chunks)
@@ -148,7 +149,8 @@ class SpeculativeStep:
         seqs = [r.req_pool_idx for r in rows]
         self.drafter.update_many(seqs, results)
         # the next step's trees, drafted on the GPU while the scheduler does its bookkeeping
-        self.drafter.draft_ahead(seqs, [res.tokens[-1] for res in results])
+        if self.draft_ahead:
+            self.drafter.draft_ahead(seqs, [res.tokens[-1] for res in results])
         self.verify_count += len(results)
         self.accepted_tokens += sum(res.accept_length for res in results)
         return results
