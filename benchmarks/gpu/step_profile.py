@@ -53,10 +53,10 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         )
     if args.head:
         kw["speculative_draft_model_path"] = args.head
-    sched = build_scheduler(EngineArgs(**kw), send=lambda m: None)
+    sched, runtime = build_scheduler(EngineArgs(**kw), send=lambda m: None)
     if args.no_draft_ahead and sched.spec is not None:
         sched.spec.draft_ahead = False  # A/B of drafting the next trees right after the catch-up
-    return sched
+    return sched, runtime
 
 
 # A schema whose strings never force an end: the constrained rows run their full length.
