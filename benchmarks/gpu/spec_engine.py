@@ -8,8 +8,8 @@ For every configuration (plain decoding, EAGLE chain, EAGLE trees, n-gram) one E
 GPU with CUDA graphs on (the same engine, only ``--speculative-*`` differ), and for each batch size
 the held-out prompts of the head's training file (chat-templated, repeated to fill the batch) are
 generated greedily with ``max_new_tokens`` tokens. Output tokens/s is over the whole ``generate``
-call after a warm-up call; accept length is the mean of ``meta_info.spec_accept_length``. Outputs
-are compared with plain decoding token for token (``match``: the share of requests whose ids are
+call after an identical warm-up call (and a flush of the prefix cache); accept length is the mean
+of ``meta_info.spec_accept_length``. Outputs are compared with plain decoding token for token (``match``: the share of requests whose ids are
 identical; bf16 verify passes and decode steps may round differently, so this can fall below 1
 without a bug: the float32 tests are the correctness check).
 """
@@ -48,7 +48,10 @@ def _prompts(tokenizer_path: str | None, model: str | None) -> list[str]:
 def _run(engine: Any, prompts: list[str], batch: int, max_new: int) -> dict[str, Any]:
     batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
     params = {"max_new_tokens": max_new, "temperature": 0}
-    engine.generate(batch_prompts[:2], sampling_params={**params, "max_new_tokens": 8})  # warm-up
+    # warm-up: the same call, so kernels compiled for this batch's shapes and graphs captured on
+    # first use (EAGLE draft graphs per key width) are not timed
+    engine.generate(batch_prompts, sampling_params=params)
+    engine.flush_cache()  # the timed call prefills again (a cached prompt would start EAGLE's draft late)
     t = time.perf_counter()
     outs = engine.generate(batch_prompts, sampling_params=params)
     dt = time.perf_counter() - t

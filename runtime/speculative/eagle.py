@@ -559,18 +559,25 @@ class EagleDraftWorker:
         counts = [len(t) for t in tokens_per_seq]
         starts = [self.cache.lens.get(s, 0) for s in seqs]
         rows = self.cache.reserve(seqs, [s + m for s in starts])
-        steps = torch.arange(m)
-        real = steps < torch.tensor(counts + [0] * (bs - len(seqs)))[:, None]  # [bs, M]
-        ids = torch.zeros(bs, m, dtype=torch.int64)
-        ids[real] = torch.tensor([t for toks in tokens_per_seq for t in toks], dtype=torch.int64)
+        ids: list[int] = []
+        positions: list[int] = []
+        draft_pos: list[int] = []
+        entry: list[int] = []
+        for b, (s, toks, n) in enumerate(zip(seqs, tokens_per_seq, starts)):
+            first = self.offset.get(s, 0) + n
+            ids += [*toks, *[0] * (m - len(toks))]
+            positions += range(first, first + m)
+            draft_pos += range(n, n + m)
+            entry += range(b * m, b * m + len(toks))
+            self.cache.lens[s] = n + len(toks)
         pad = bs - len(seqs)
-        first = torch.tensor([self.offset.get(s, 0) + n for s, n in zip(seqs, starts)] + [0] * pad)
-        draft_pos = torch.tensor(starts + [0] * pad)[:, None] + steps
-        flat = torch.cat([ids.flatten(), (first[:, None] + steps).flatten(), draft_pos.flatten(),
-                          torch.tensor(rows + [pad_row] * pad), torch.tensor(counts + [1] * pad) - 1])  # fmt: skip
-        for s, n, c in zip(seqs, starts, counts):
-            self.cache.lens[s] = n + c
-        return flat, real.flatten().nonzero()[:, 0], max(n + c for n, c in zip(starts, counts))
+        for _ in range(pad):
+            ids += [0] * m
+            positions += range(m)
+            draft_pos += range(m)
+        last = [c - 1 for c in counts] + [0] * pad
+        flat = torch.tensor(ids + positions + draft_pos + rows + [pad_row] * pad + last, dtype=torch.int64)
+        return flat, torch.tensor(entry, dtype=torch.int64), max(n + c for n, c in zip(starts, counts))
 
     @staticmethod
     def extend_views(

@@ -38,6 +38,7 @@ import torch
 from phloem.grammars.bitmask import apply_bitmask
 from phloem.runtime.attention.base import AttentionBackend, varying_shape_sdpa
 from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.host_copy import to_device
 from phloem.runtime.sampling.sampler import GREEDY_EPS, min_p_drop_mask, top_k_top_p_drop_mask
 from phloem.runtime.speculative.tree import DraftTree, ancestor_mask
 
@@ -312,26 +313,25 @@ class TreeVerifier:
         hidden: torch.Tensor,
     ) -> list[VerifyResult]:
         """Move every accepted node into its request's row (one indexed write for the batch) and
-        gather the accepted nodes' features (one gather)."""
+        gather the accepted nodes' features (one gather); the indices travel in one pinned copy."""
         table = self.runner.req_to_token_pool.req_to_token
         rows: list[int] = []
         cols: list[int] = []
+        vals: list[int] = []
         feature_rows: list[int] = []
-        vals: list[torch.Tensor] = []
         results: list[VerifyResult] = []
         for r, start, (nodes, tokens) in zip(reqs, starts, paths):
-            kept = torch.tensor(nodes, dtype=torch.int64)
+            slots = r.slots.tolist()
             rows += [r.req_pool_idx] * len(nodes)
             cols += range(r.kv_len, r.kv_len + len(nodes))
-            vals.append(r.slots[kept])
+            vals += [slots[u] for u in nodes]
             feature_rows += [start + u for u in nodes]
-            rejected = torch.ones(len(r.tree), dtype=torch.bool)
-            rejected[kept] = False
-            results.append(VerifyResult(tokens=tokens, nodes=nodes, free_slots=r.slots[rejected],
-                                        hidden=hidden[:0]))  # fmt: skip
-        dev = table.device
-        table[torch.tensor(rows, device=dev), torch.tensor(cols, device=dev)] = torch.cat(vals).to(dev)
-        features = hidden[torch.tensor(feature_rows, device=hidden.device)]
+            kept = set(nodes)
+            free = torch.tensor([x for u, x in enumerate(slots) if u not in kept], dtype=r.slots.dtype)
+            results.append(VerifyResult(tokens=tokens, nodes=nodes, free_slots=free, hidden=hidden[:0]))
+        idx = to_device(torch.tensor([rows, cols, vals, feature_rows], dtype=torch.int64), table.device)
+        table[idx[0], idx[1]] = idx[2]
+        features = hidden[idx[3]]
         for res, h in zip(results, features.split([len(p[0]) for p in paths])):
             res.hidden = h
         return results

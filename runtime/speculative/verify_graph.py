@@ -19,6 +19,7 @@ Batches larger than the largest graph run the same padded pass eagerly.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -36,6 +37,13 @@ from phloem.runtime.speculative.tree import ancestor_mask
 __all__ = ["TreeVerifyBackend", "VerifyGraphRunner"]
 
 logger = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=512)
+def _ancestor_mask_i8(parents: tuple[int, ...]) -> torch.Tensor:
+    """:func:`ancestor_mask` as int8 on the host, cached by tree shape (a chain, or the few tree
+    shapes a drafter grows, repeat at every step). Read-only: callers copy it."""
+    return ancestor_mask(parents).to(torch.int8)
 
 
 class TreeVerifyBackend(TritonBackend):
@@ -106,6 +114,7 @@ class VerifyGraphRunner:
         self.batch_sizes = capture_batch_sizes(max_bs) if max_bs > 0 else []
         cap = max(self.batch_sizes, default=0)
         self.static = self._padded(cap, self.device)
+        self._eye = torch.eye(nodes, dtype=torch.int8)  # a padding request's mask: every node sees itself
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.pool: Any = None
@@ -152,22 +161,29 @@ class VerifyGraphRunner:
                     len(self.graphs), self.batch_sizes[-1], self.nodes, self.capture_seconds)  # fmt: skip
 
     def host_inputs(self, reqs: Sequence[Any], bs: int) -> dict[str, torch.Tensor]:
-        """The padded inputs of ``reqs`` (``VerifyRequest``s) for a batch of ``bs >= len(reqs)``."""
+        """The padded inputs of ``reqs`` (``VerifyRequest``s) for a batch of ``bs >= len(reqs)``
+        (built as Python lists: a handful of tensor ops per request would cost more than the pass
+        takes to launch)."""
         n = self.nodes
-        host = self._padded(bs, torch.device("cpu"))
-        ids, pos, slots = host["input_ids"], host["positions"], host["node_slots"]
-        rows, prefix, mask = host["req_pool_indices"], host["prefix_lens"], host["tree_mask"]
+        ids, pos, slots = [0] * (bs * n), [0] * (bs * n), [PADDING_SLOT] * (bs * n)
+        rows, prefix = [0] * bs, [0] * bs
+        mask = self._eye.expand(bs, -1, -1).clone()
         for b, r in enumerate(reqs):
             size = len(r.tree)
             if size > n:
                 raise ValueError(f"a draft tree of {size} nodes exceeds the verify width {n}")
             lo = b * n
-            ids[lo : lo + size] = torch.tensor(r.tree.tokens)
-            pos[lo : lo + size] = torch.tensor([r.kv_len + d for d in r.tree.depths])
-            slots[lo : lo + size] = r.slots
+            ids[lo : lo + size] = r.tree.tokens
+            pos[lo : lo + size] = [r.kv_len + d for d in r.tree.depths]
+            slots[lo : lo + size] = r.slots.tolist()
             rows[b], prefix[b] = r.req_pool_idx, r.kv_len
-            mask[b, :size, :size] = ancestor_mask(r.tree.parents).to(torch.int8)
-        return host
+            mask[b, :size, :size] = _ancestor_mask_i8(tuple(r.tree.parents))
+        flat = torch.tensor(ids + pos + slots + rows + prefix, dtype=torch.int64)
+        t = bs * n
+        return {
+            "input_ids": flat[:t], "positions": flat[t : 2 * t], "node_slots": flat[2 * t : 3 * t],
+            "req_pool_indices": flat[3 * t : 3 * t + bs], "prefix_lens": flat[3 * t + bs :], "tree_mask": mask,
+        }  # fmt: skip
 
     @torch.inference_mode()
     def run(self, reqs: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
