@@ -6,8 +6,9 @@ launch step N+1 before it has looked at step N's tokens. Steps run strictly in s
 so by the time step N+1 resolves its futures, step N has stored them.
 
 On a GPU the same contract maps to a CUDA stream (the future buffer lives on the device and the
-resolve is a ``torch.where``); on the CPU the thread gives the overlap: the scheduler does its
-bookkeeping while the thread runs the model.
+resolve is a ``torch.where``, or a copy of one slice of it when the step's rows wait on the previous
+step's rows in order, the steady state of decoding); on the CPU the thread gives the overlap: the
+scheduler does its bookkeeping while the thread runs the model.
 
 Host-tier KV loads (CUDA): the hierarchical cache stages them on the runner's ``kv_loader`` while
 the scheduler admits requests; ``submit`` takes every load staged since the previous ``submit`` and
@@ -24,6 +25,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import torch
 from phloem.runtime.cache.host_pool import KVLoad
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput
@@ -38,25 +40,40 @@ class FutureMap:
         self.buf = torch.zeros(size + 1, dtype=torch.int64, device=device)  # index 0 unused
         self._next = 1
 
-    def reserve(self, n: int) -> torch.Tensor:
+    def reserve(self, n: int) -> range:
         """Future ids for the ``n`` rows of a step about to be launched (scheduler side): always a
         contiguous range, so storing into them is a slice copy (no index tensor to move)."""
         if self._next + n > self.size + 1:
             self._next = 1
-        ids = torch.arange(self._next, self._next + n, dtype=torch.int64)
+        ids = range(self._next, self._next + n)
         self._next += n
         return ids
 
     def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
+        futures = _future_range(input_ids)
+        if futures is not None:  # one slice of the ring: no index tensor to move, no select
+            return self.buf[futures.start : futures.stop].clone()
         # [T]: negative ids are futures. No data-dependent branch: it would sync a GPU stream.
         ids = to_device(input_ids, self.buf.device)
         return torch.where(ids < 0, self.buf[(-ids).clamp(min=0)], ids)
 
-    def store(self, future_ids: torch.Tensor, tokens: torch.Tensor) -> None:
-        if future_ids.numel() == 0:
+    def store(self, future_ids: range, tokens: torch.Tensor) -> None:
+        if not future_ids:
             return
-        first = int(future_ids[0])  # host tensor: no device read
-        self.buf[first : first + future_ids.numel()].copy_(tokens, non_blocking=True)
+        self.buf[future_ids.start : future_ids.stop].copy_(tokens, non_blocking=True)
+
+
+def _future_range(input_ids: torch.Tensor) -> range | None:
+    """``range(k, k + T)`` when the host ids are exactly ``-k, -(k + 1), ..., -(k + T - 1)``, else
+    None. That is the overlap loop's steady state: a decode step whose rows all wait on the
+    previous step's rows, in the same order. Read on the host only (never a device value)."""
+    if not input_ids.is_cpu or input_ids.ndim != 1 or input_ids.numel() == 0:
+        return None
+    ids = input_ids.numpy()
+    first = -int(ids[0])
+    if first <= 0 or not np.array_equal(ids, np.arange(-first, -first - ids.size, -1)):
+        return None
+    return range(first, first + ids.size)
 
 
 class InlineWorker:
@@ -67,7 +84,7 @@ class InlineWorker:
         self.future_map = future_map
         self.kv_loader = getattr(runner, "kv_loader", None)  # LayerwiseLoader on CUDA, else None
 
-    def submit(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> Future[ForwardOutput]:
+    def submit(self, fi: ForwardInput, future_ids: range | None) -> Future[ForwardOutput]:
         fut: Future[ForwardOutput] = Future()
         try:
             fut.set_result(self._run(fi, future_ids, self._take_loads()))
@@ -78,9 +95,7 @@ class InlineWorker:
     def _take_loads(self) -> list[KVLoad]:
         return self.kv_loader.take() if self.kv_loader is not None else []
 
-    def _run(
-        self, fi: ForwardInput, future_ids: torch.Tensor | None, loads: Sequence[KVLoad]
-    ) -> ForwardOutput:
+    def _run(self, fi: ForwardInput, future_ids: range | None, loads: Sequence[KVLoad]) -> ForwardOutput:
         fi.input_ids = self.future_map.resolve(fi.input_ids)
         out = self.runner.forward(fi, kv_loads=loads) if loads else self.runner.forward(fi)
         if future_ids is not None:
@@ -100,7 +115,7 @@ class OverlapWorker(InlineWorker):
         self._thread = threading.Thread(target=self._loop, name="phloem-forward", daemon=True)
         self._thread.start()
 
-    def submit(self, fi: ForwardInput, future_ids: torch.Tensor | None) -> Future[ForwardOutput]:
+    def submit(self, fi: ForwardInput, future_ids: range | None) -> Future[ForwardOutput]:
         fut: Future[ForwardOutput] = Future()
         self._q.put((fi, future_ids, self._take_loads(), fut))
         return fut

@@ -53,6 +53,9 @@ class _Static:
     penalized_rows: tuple[int, ...]
     banned_ids: tuple[tuple[int, ...], ...]  # per row: ids banned below min_new_tokens
     min_new_tokens: tuple[int, ...]
+    min_new_rows: tuple[int, ...]  # rows with a min_new_tokens floor and ids to ban below it
+    seeds: tuple[int | None, ...]  # params.sampling_seed per row
+    seeded: bool  # any row has a seed
 
 
 class SamplingBatchBuilder:
@@ -94,13 +97,16 @@ class SamplingBatchBuilder:
         The step of a row is ``req.num_outputs_launched`` when present (it counts tokens still in
         flight), else ``len(req.output_ids)``. Seeds come from ``params.sampling_seed``.
         """
-        steps = [getattr(r, "num_outputs_launched", len(r.output_ids)) for r in reqs]
-        return self.build_from(
-            [r.params for r in reqs],
-            output_ids=[r.output_ids for r in reqs],
-            steps=steps,
-            vocab_mask=vocab_mask,
-        )
+        params = [r.params for r in reqs]
+        static = self._static_for(params)
+        # Only seeded rows, rows below min_new_tokens and penalized rows read steps or output ids:
+        # a batch without them (the common case) skips both per-row lists.
+        steps = None
+        if static.seeded or static.min_new_rows:
+            steps = [getattr(r, "num_outputs_launched", len(r.output_ids)) for r in reqs]
+        output_ids = [r.output_ids for r in reqs] if static.penalized_rows else []
+        seeds = static.seeds if static.seeded else None
+        return self._assemble(static, output_ids=output_ids, seeds=seeds, steps=steps, vocab_mask=vocab_mask)
 
     def build_from(
         self,
@@ -132,8 +138,21 @@ class SamplingBatchBuilder:
         if steps is None:
             steps = [len(ids) for ids in output_ids]
         if seeds is None:
-            seeds = [p.sampling_seed for p in params]
-        seed_t, step_t = self._seeds(seeds, steps)
+            seeds = static.seeds if static.seeded else None
+        return self._assemble(static, output_ids=output_ids, seeds=seeds, steps=steps, vocab_mask=vocab_mask)
+
+    def _assemble(
+        self,
+        static: _Static,
+        *,
+        output_ids: Sequence[Sequence[int]],
+        seeds: Sequence[int | None] | None,
+        steps: Sequence[int] | None,
+        vocab_mask: torch.Tensor | None,
+    ) -> SamplingInfo:
+        """The step's SamplingInfo. ``seeds`` None: no row is seeded. ``steps`` and ``output_ids``
+        are read only for seeded rows, rows below min_new_tokens and penalized rows."""
+        seed_t, step_t = self._seeds(seeds, steps) if seeds is not None else (None, None)
         return SamplingInfo(
             temperatures=static.temperatures,
             top_ps=static.top_ps,
@@ -183,6 +202,8 @@ class SamplingBatchBuilder:
         sampled = [p for p in params if not p.is_greedy]
         penalized = tuple(i for i, p in enumerate(params) if p.has_penalties)
         eos = self.eos_token_ids
+        banned_ids = tuple(_banned_ids(p, eos) for p in params)
+        seeds = tuple(p.sampling_seed for p in params)
         return _Static(
             temperatures=self._f32([p.temperature for p in params]),
             top_ps=self._f32([p.top_p for p in params]),
@@ -196,8 +217,11 @@ class SamplingBatchBuilder:
             repetition=self._f32([p.repetition_penalty for p in params]) if penalized else None,
             logit_bias=self._bias(params),
             penalized_rows=penalized,
-            banned_ids=tuple(_banned_ids(p, eos) for p in params),
+            banned_ids=banned_ids,
             min_new_tokens=tuple(p.min_new_tokens for p in params),
+            min_new_rows=tuple(i for i, p in enumerate(params) if p.min_new_tokens > 0 and banned_ids[i]),
+            seeds=seeds,
+            seeded=any(s is not None for s in seeds),
         )
 
     def _bias(self, params: Sequence[SamplingParams]) -> torch.Tensor | None:
@@ -220,25 +244,31 @@ class SamplingBatchBuilder:
 
     # ------------------------------------------------------------------ per step
     def _seeds(
-        self, seeds: Sequence[int | None], steps: Sequence[int]
+        self, seeds: Sequence[int | None], steps: Sequence[int] | None
     ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if all(s is None for s in seeds):
             return None, None
+        assert steps is not None  # given whenever a row is seeded
         # Seeds map into [0, 2**63) so that -1 stays free to mean "unseeded".
         values = [-1 if s is None else s & _INT64_MAX for s in seeds]
         return self._i64(values), self._i64(list(steps))
 
-    def _banned(self, static: _Static, steps: Sequence[int]) -> torch.Tensor | None:
+    def _banned(self, static: _Static, steps: Sequence[int] | None) -> torch.Tensor | None:
+        if not static.min_new_rows:
+            return None
+        assert steps is not None  # given whenever a row has a min_new_tokens floor
         rows: list[int] = []
         cols: list[int] = []
-        for i, (step, floor, ids) in enumerate(zip(steps, static.min_new_tokens, static.banned_ids)):
-            if step < floor and ids:
-                in_vocab = [t for t in ids if t < self.vocab_size]
+        for i in static.min_new_rows:
+            if steps[i] < static.min_new_tokens[i]:
+                in_vocab = [t for t in static.banned_ids[i] if t < self.vocab_size]
                 rows += [i] * len(in_vocab)
                 cols += in_vocab
         if not rows:
             return None
-        mask = torch.zeros(len(steps), self.vocab_size, dtype=torch.bool, pin_memory=self.pin_memory)
+        mask = torch.zeros(
+            len(static.banned_ids), self.vocab_size, dtype=torch.bool, pin_memory=self.pin_memory
+        )
         mask[torch.tensor(rows), torch.tensor(cols)] = True
         return mask
 

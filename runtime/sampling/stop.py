@@ -125,6 +125,7 @@ class StopChecker:
         }
         # One new token and only token stops: the per-token decode loop takes a short path.
         self._tokens_only = not (self.stop_strs or self.stop_regexes)
+        self._max_new_tokens = params.max_new_tokens
         longest = max((len(s.encode("utf-8")) for s in self.stop_strs), default=0)
         self._str_window = longest + 4  # tokens; slack for split characters and skipped specials
 
@@ -140,6 +141,9 @@ class StopChecker:
         """
         n = len(output_ids)
         if num_new == 1 and self._tokens_only:
+            # Most decode steps end here: under the limit and not a stop token (no call made).
+            if n < self._max_new_tokens and output_ids[-1] not in self.stop_token_ids:
+                return None
             return self._check_one_token(output_ids, n)
         first_new = n - num_new
         floor = self.params.min_new_tokens

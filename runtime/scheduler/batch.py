@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
 from phloem.runtime.host_copy import pack_to_device, to_device
@@ -29,13 +30,13 @@ class ScheduledBatch:
     prefix_lens: list[int] = field(default_factory=list)
     # Rows that asked for input logprobs in this pass, with the absolute start position.
     input_logprob_from: list[int] = field(default_factory=list)
-    future_ids: torch.Tensor | None = None
+    future_ids: range | None = None  # FutureMap ids of the rows (see launch)
     # Speculative decode step: one SpecRow per request (already drafted), slots of all tree nodes.
     spec_rows: list[Any] | None = None
     spec_slots: torch.Tensor | None = None
-    # Plain decode step: [3, B] host tensor of each row's req_to_token row, its kv_len before
-    # the step (the new token's position) and the slot allocated for it (write_decode_slots);
-    # saves gathering slots back out of the device-side req_to_token table.
+    # Plain decode step: [5, B] host tensor of each row's req_to_token row, its kv_len before the
+    # step (the new token's position), the slot allocated for it, its seq_len and extend_len (1)
+    # (write_decode_slots); saves gathering slots back out of the device-side req_to_token table.
     decode_index: torch.Tensor | None = None
 
     @property
@@ -53,29 +54,29 @@ def build_forward_input(
     """Flatten the batch. ``input_ids`` are the new tokens of every row in order (futures are
     negative); positions and output slots come from each request's ``kv_len`` before this step."""
     if batch.decode_index is not None:  # plain decode: one new token per row, slots known
-        rows, prefix, out_slots = batch.decode_index
-        extend = torch.ones_like(prefix)
+        rows, prefix, out_slots, seq_lens, extend = batch.decode_index
         positions = prefix
     else:
-        prefix = torch.tensor(batch.prefix_lens, dtype=torch.int64)
-        extend = torch.tensor(batch.extend_lens, dtype=torch.int64)
-        rows = torch.tensor([r.req_pool_idx for r in batch.reqs], dtype=torch.int64)
+        prefix = int64_tensor(batch.prefix_lens)
+        extend = int64_tensor(batch.extend_lens)
+        rows = int64_tensor([r.req_pool_idx for r in batch.reqs])
+        seq_lens = prefix + extend
         # positions: for row r, prefix[r] .. prefix[r] + extend[r] - 1 (plain lists: these tensors
         # are small and torch's per-op overhead dominates)
         pos = [p + j for p, e in zip(batch.prefix_lens, batch.extend_lens) for j in range(e)]
         row_ids = [r.req_pool_idx for r, e in zip(batch.reqs, batch.extend_lens) for _ in range(e)]
-        positions = torch.tensor(pos, dtype=torch.int64)
+        positions = int64_tensor(pos)
         dev = req_to_token.device
-        index = to_device(torch.tensor([row_ids, pos], dtype=torch.int64), dev)  # asynchronous
+        index = to_device(int64_tensor([row_ids, pos]), dev)  # asynchronous
         out_slots = req_to_token[index[0], index[1]]
     logprobs = _logprob_request(batch)
     return ForwardInput(
         mode=batch.mode,
-        input_ids=torch.tensor(input_ids, dtype=torch.int64),
+        input_ids=int64_tensor(input_ids),
         positions=positions,
         out_slots=out_slots,
         req_pool_indices=rows,
-        seq_lens=prefix + extend,
+        seq_lens=seq_lens,
         prefix_lens=prefix,
         extend_lens=extend,
         sampling=sampling,
@@ -96,27 +97,39 @@ def _logprob_request(batch: ScheduledBatch) -> LogprobRequest | None:
     )
 
 
-def gather_new_tokens(batch: ScheduledBatch, token_of: Callable[[Req], int]) -> list[int]:
+def gather_new_tokens(batch: ScheduledBatch) -> list[int]:
     """Input ids of every row: the slice of ``fill_ids`` being computed, except for a decode row
-    whose last token is still in flight: ``token_of(req)`` gives its future id."""
+    whose last token is still in flight: its future id, ``-req.future_ref`` (see ``FutureMap``)."""
     ids: list[int] = []
-    for i, r in enumerate(batch.reqs):
+    for r, start, n in zip(batch.reqs, batch.prefix_lens, batch.extend_lens, strict=True):
         if r.pending_outputs:
-            ids.append(token_of(r))
+            ids.append(-r.future_ref)
         else:
-            start = batch.prefix_lens[i]
-            ids.extend(r.fill_ids[start : start + batch.extend_lens[i]])
+            ids.extend(r.fill_slice(start, start + n))
     return ids
 
 
 def write_decode_slots(req_to_token: torch.Tensor, reqs: Sequence[Req], slots: torch.Tensor) -> torch.Tensor:
     """``req_to_token[row, kv_len] = slot`` for every decode row, as one indexed write (a device
-    table would otherwise take one small copy per row). Returns the host ``[3, B]`` index
-    (rows, kv_lens, slots) for :attr:`ScheduledBatch.decode_index`."""
-    index = torch.empty((3, len(reqs)), dtype=torch.int64)
-    index[:2] = torch.tensor([[r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]], dtype=torch.int64)
-    index[2] = slots
-    (dev,) = pack_to_device([index], req_to_token.device)
+    table would otherwise take one small copy per row). Returns the host ``[5, B]`` index
+    (rows, kv_lens, slots, kv_lens + 1, ones) for :attr:`ScheduledBatch.decode_index`: every
+    per-row column of a decode ``ForwardInput`` in one tensor, filled in numpy (a torch op per
+    column, or ``torch.tensor`` of a list, costs more than the whole fill at this size)."""
+    index = np.empty((5, len(reqs)), dtype=np.int64)
+    index[0] = [r.req_pool_idx for r in reqs]
+    index[1] = [r.kv_len for r in reqs]
+    index[2] = slots.numpy()
+    np.add(index[1], 1, out=index[3])
+    index[4] = 1
+    host = torch.from_numpy(index)
+    (dev,) = pack_to_device([host[:3]], req_to_token.device)
     assert dev is not None
-    req_to_token[dev[0], dev[1]] = dev[2]
-    return index
+    rows, positions, new_slots = dev.unbind()
+    req_to_token[rows, positions] = new_slots
+    return host
+
+
+def int64_tensor(values: Sequence[Any]) -> torch.Tensor:
+    """A host int64 tensor from (nested lists of) Python ints. Numpy converts a list several
+    times faster than ``torch.tensor``, which matters for lists of one entry per row each step."""
+    return torch.from_numpy(np.array(values, dtype=np.int64))

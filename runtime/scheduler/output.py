@@ -24,7 +24,11 @@ class OutputCollector:
         self._dirty: dict[int, Req] = {}
 
     def add(self, req: Req) -> None:
-        self._dirty[id(req)] = req
+        """Mark ``req`` after its output or state changed. A request that neither streams nor has
+        finished has nothing to send yet and is not kept (whoever finishes a request marks it
+        again after ``finish``), which spares a decode step one entry per running request."""
+        if req.stream or req.finished:
+            self._dirty[id(req)] = req
 
     # ------------------------------------------------------------------ logprobs
     def record_logprobs(self, req: Req, lp: Any) -> None:
@@ -61,7 +65,8 @@ class OutputCollector:
 
     def _build(self, req: Req) -> ReqTokenOut | None:
         new = len(req.output_ids) - req.sent_output_len
-        if not req.finished:
+        finished = req.finished
+        if not finished:
             if not req.stream or new <= 0:
                 return None
             if new < self.stream_interval and req.sent_output_len > 0:
@@ -69,7 +74,7 @@ class OutputCollector:
         out = ReqTokenOut(
             rid=req.rid,
             new_ids=req.output_ids[req.sent_output_len :],
-            finished=_finish_wire(req),
+            finished=_finish_wire(req) if finished else None,
             prompt_tokens=req.prompt_len,
             completion_tokens=len(req.output_ids),
             cached_tokens=req.cached_tokens,

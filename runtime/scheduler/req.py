@@ -89,6 +89,16 @@ class Req:
         """Every token whose KV a fresh prefill would compute."""
         return self.origin_input_ids + self.output_ids
 
+    def fill_slice(self, start: int, stop: int) -> list[int]:
+        """``fill_ids[start:stop]`` (``0 <= start``) without building all of ``fill_ids``: a decode
+        step reads one token of it per row."""
+        n = len(self.origin_input_ids)
+        if start >= n:
+            return self.output_ids[start - n : max(stop - n, 0)]
+        if stop <= n:
+            return self.origin_input_ids[start:stop]
+        return self.origin_input_ids[start:] + self.output_ids[: stop - n]
+
     @property
     def prompt_len(self) -> int:
         return len(self.origin_input_ids)
@@ -101,6 +111,15 @@ class Req:
     @property
     def remaining_new_tokens(self) -> int:
         return max(self.params.max_new_tokens - self.num_outputs_launched, 0)
+
+    @property
+    def wants_token(self) -> bool:
+        """Not finished and ``remaining_new_tokens > 0``: a decode step has a row for it (read for
+        every running request each step, hence spelled out)."""
+        return (
+            self.finished_reason is None
+            and self.params.max_new_tokens > len(self.output_ids) + self.pending_outputs
+        )
 
     @property
     def finished(self) -> bool:

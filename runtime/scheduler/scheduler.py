@@ -338,15 +338,15 @@ class Scheduler:
     # ------------------------------------------------------------------ decode
     def _decode_rows(self) -> tuple[list[Req], Any]:
         """Running requests that still need a token, after making room for one token each."""
-        reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+        reqs = [r for r in self.running if r.wants_token]
         if not reqs:
             return [], None
         if self.cache.available_size < len(reqs):
             self._sync_inflight()
-            reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+            reqs = [r for r in self.running if r.wants_token]
             if self.cache.available_size < len(reqs):
                 self._retract_until(len(reqs))
-                reqs = [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+                reqs = [r for r in self.running if r.wants_token]
         slots = self.cache.alloc(len(reqs))
         if slots is None:
             raise RuntimeError("KV pool accounting error: no slot for a decode step after retraction")
@@ -388,7 +388,7 @@ class Scheduler:
         from phloem.runtime.speculative.step import SpecRow
 
         def live() -> list[Req]:
-            return [r for r in self.running if not r.finished and r.remaining_new_tokens > 0]
+            return [r for r in self.running if r.wants_token]
 
         reqs = live()
         if reqs and self.cache.available_size < self.spec.max_tree * len(reqs):
@@ -427,9 +427,8 @@ class Scheduler:
     def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[Any]:
         if batch.spec_rows is not None:
             return self._launch_spec(batch)
-        keep = [not d for d in batch.discard]
         future_ids = self.worker.future_map.reserve(len(batch.reqs))
-        ids = gather_new_tokens(batch, lambda r: -r.future_ref)
+        ids = gather_new_tokens(batch)
         sampling = self.sampling.build(batch.reqs, vocab_mask=vocab_mask)
         fi = build_forward_input(
             batch, req_to_token=self.req_pool.req_to_token, input_ids=ids, sampling=sampling
@@ -437,18 +436,18 @@ class Scheduler:
         # EAGLE follows every computed token: plain passes return the target's hidden states
         fi.return_hidden_states = self.spec is not None and self.spec.needs_hidden
         batch.future_ids = future_ids
-        first_future = int(future_ids[0]) if len(batch.reqs) else 0  # reserve() gives a range
-        for i, req in enumerate(batch.reqs):
-            req.kv_len += batch.extend_lens[i]
-            if keep[i]:
+        is_prefill = batch.is_prefill
+        rows = zip(batch.reqs, batch.extend_lens, batch.discard, batch.prefill_row, future_ids, strict=True)
+        for req, extend, discard, prefill_row, future in rows:
+            req.kv_len += extend
+            if not discard:
                 req.pending_outputs += 1
-                req.future_ref = first_future + i
-        # Requests whose prefill completes join the running set now, so the next step (which may
-        # be launched before this one is processed) already decodes them.
-        for i, req in enumerate(batch.reqs):
-            if batch.prefill_row and batch.prefill_row[i]:
+                req.future_ref = future
+            if prefill_row:
                 self._prefilling[id(req)] = req
-            if batch.is_prefill and keep[i] and req not in self.running:
+            # A request whose prefill completes joins the running set now, so the next step
+            # (which may be launched before this one is processed) already decodes it.
+            if is_prefill and not discard and req not in self.running:
                 self.running.append(req)
         return self.worker.submit(fi, future_ids)
 
@@ -473,6 +472,34 @@ class Scheduler:
         tokens = out.synchronize()
         # Requests that finished while this step was queued are released now that it is done.
         self._release_deferred()
+        if self._is_plain_decode(batch, out):
+            self._process_decode_rows(batch.reqs, tokens)
+        else:
+            self._process_rows(batch, out, tokens)
+        self._apply_jumps()
+        self._drop_finished_running()
+        self.outputs.flush()
+        if batch.mode == ForwardMode.DECODE:
+            self._tokens_since_log += len(batch.reqs)
+            if self._decode_steps % self.cfg.log_interval == 0:
+                self._log_decode()
+        else:
+            self._log_prefill(batch)
+
+    def _is_plain_decode(self, batch: ScheduledBatch, out: ForwardOutput) -> bool:
+        """Every row decodes one kept token, with no logprobs and no drafter to follow."""
+        return batch.mode == ForwardMode.DECODE and out.logprobs is None and self.spec is None
+
+    def _process_decode_rows(self, reqs: list[Req], tokens: list[int]) -> None:
+        """``_process_rows`` for a plain decode step (the per-row work at large batch): no row is a
+        prefill row or discarded, and there are no logprobs or drafter."""
+        for req, token in zip(reqs, tokens):
+            req.pending_outputs -= 1
+            if not req.finished:
+                self._append_token(req, token, None)
+
+    def _process_rows(self, batch: ScheduledBatch, out: ForwardOutput, tokens: list[int]) -> None:
+        """Each row's result: discarded rows, prefill rows entering the tree, logprobs, the drafter."""
         plain: list[tuple[int, int, Any]] = []  # (row, token, feature) of plain decode rows, for the drafter
         for i, req in enumerate(batch.reqs):
             if batch.prefill_row[i]:
@@ -497,15 +524,6 @@ class Scheduler:
             self._append_token(req, tokens[i], lp)
         if plain:
             self.spec.on_plain_steps(*map(list, zip(*plain)))  # one catch-up pass for every row
-        self._apply_jumps()
-        self._drop_finished_running()
-        self.outputs.flush()
-        if batch.mode == ForwardMode.DECODE:
-            self._tokens_since_log += len(batch.reqs)
-            if self._decode_steps % self.cfg.log_interval == 0:
-                self._log_decode()
-        else:
-            self._log_prefill(batch)
 
     def _process_spec(self, batch: ScheduledBatch, results: list[Any]) -> None:
         """Commit each request's accepted tokens: free rejected slots now, advance ``kv_len`` by the

@@ -382,3 +382,33 @@ def test_any_seed_is_accepted(seed):
     info = info_for([SamplingParams(sampling_seed=seed)])
     assert int(info.seeds[0]) >= 0
     Sampler()(torch.randn(1, V), info)
+
+
+def test_builder_build_matches_build_from_with_every_column_given():
+    """``build`` skips the per-row lists a batch does not need; the result is the one
+    ``build_from`` gives with steps, seeds and output ids all passed."""
+    import random
+
+    class Row:
+        def __init__(self, params, output_ids, launched):
+            self.params, self.output_ids, self.num_outputs_launched = params, output_ids, launched
+
+    rng = random.Random(0)
+    kinds = [dict(), dict(temperature=0), dict(sampling_seed=5), dict(min_new_tokens=3),
+             dict(min_new_tokens=2, stop_token_ids=[4]), dict(frequency_penalty=0.5), dict(logit_bias={3: 1.0})]  # fmt: skip
+    for _ in range(40):
+        params = [SamplingParams(**rng.choice(kinds)) for _ in range(rng.randint(1, 5))]
+        rows = [Row(p, [rng.randrange(V) for _ in range(rng.randint(0, 4))], 0) for p in params]
+        for r in rows:
+            r.num_outputs_launched = len(r.output_ids) + rng.randint(0, 1)
+        got = SamplingBatchBuilder(V, eos_token_ids=[2]).build(rows)
+        want = SamplingBatchBuilder(V, eos_token_ids=[2]).build_from(
+            params,
+            output_ids=[r.output_ids for r in rows],
+            seeds=[p.sampling_seed for p in params],
+            steps=[r.num_outputs_launched for r in rows],
+        )
+        for name, a in vars(got).items():
+            b = getattr(want, name)
+            assert type(a) is type(b), name
+            assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, name
