@@ -97,6 +97,9 @@ class CacheHandle:
     prefix_len: int = 0
 
 
+EVICT_CHUNK_DIVISOR = 64  # an eviction frees at least 1/64 of the pool (when that much is evictable)
+
+
 class CacheManager:
     """Request lifecycle over a ``RadixTree`` (or none) and a ``TokenSlotAllocator``.
 
@@ -262,7 +265,10 @@ class CacheManager:
             return None
         short = n - self._allocator.available_size
         if short > 0 and self._tree is not None:
-            self._allocator.free(self._tree.evict(short, host=self._hicache))
+            # evict at least a chunk: an eviction walks the whole tree, and once the pool is full
+            # of cached prefixes every decode step would otherwise evict its few tokens anew
+            chunk = max(short, self._allocator.total_size // EVICT_CHUNK_DIVISOR)
+            self._allocator.free(self._tree.evict(chunk, host=self._hicache))
         return self._allocator.alloc(n)
 
     def free_slots(self, slots: torch.Tensor) -> None:

@@ -237,6 +237,25 @@ def test_alloc_evicts_lru_unlocked_leaves_under_pressure() -> None:
     cm.check_integrity()
 
 
+def test_eviction_frees_a_chunk_so_small_allocations_do_not_walk_the_tree_each_time() -> None:
+    cm, table = make(num_slots=641)  # 640 usable: an eviction frees at least 640 // 64 = 10 slots
+    for i in range(64):  # fill the pool with 64 cached prompts of 10 tokens
+        req = admit(cm, table, 0, [i + 1] * 9 + [5000 + i])
+        prefill(cm, table, req)
+        finish(cm, table, req)
+    assert cm.free_size == 0 and cm.evictable_size == 640
+    calls = []
+    evict = cm._tree.evict
+    cm._tree.evict = lambda n, **kw: calls.append(n) or evict(n, **kw)  # type: ignore[method-assign]
+    got = [cm.alloc(1) for _ in range(30)]  # one decode token at a time
+    assert all(g is not None for g in got) and calls == [10, 10, 10]  # not 30 walks of the tree
+    assert cm.free_size == 0 and cm.evictable_size == 640 - 30
+    assert cm.match([1] * 9).length == 0 and cm.match([64] * 9).length == 9  # least recent went first
+    for g in got:
+        cm.free_slots(g)
+    cm.check_integrity()
+
+
 def test_alloc_none_evicts_nothing() -> None:
     cm, table = make(num_slots=9)  # 8 usable
     a = admit(cm, table, 0, [1, 2, 3, 4])
