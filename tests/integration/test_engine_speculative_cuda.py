@@ -1,6 +1,7 @@
-"""Speculative decoding through the Engine on a GPU: the verify pass runs padded, through the Triton
+"""The Engine on a GPU. Speculative decoding: the verify pass runs padded, through the Triton
 tree attention and from CUDA graphs (batch sizes 1..32), and greedy outputs equal plain decoding's
-token for token in float32 (bf16 verify passes and decode steps may round differently).
+token for token in float32 (bf16 verify passes and decode steps may round differently). The
+overlap loop gives the inline loop's ids.
 
 Uses the default model when it is installed; with ``PHLOEM_TEST_TOKENIZER`` set (a tokenizer
 folder), dummy weights of the default model's shape instead (machines without the model file).
@@ -40,3 +41,12 @@ def test_speculative_greedy_equals_plain_greedy_on_gpu(reference, algo):
             for got, want in zip(outs, reference):
                 assert got["output_ids"] == want["output_ids"]
             assert sum(o["meta_info"].get("spec_verify_ct", 0) for o in outs) > 0
+
+
+def test_overlap_loop_equals_the_inline_loop_on_gpu(reference):
+    """The overlap loop (futures for in-flight tokens, pinned copies, decode graphs) gives the
+    inline loop's greedy ids, with stop strings and JSON-schema constraints in the batch."""
+    with _engine() as eng:
+        for batch in (PROMPTS[:1], PROMPTS):
+            outs = eng.generate(batch, sampling_params=PARAMS[: len(batch)])
+            assert [o["output_ids"] for o in outs] == [r["output_ids"] for r in reference[: len(batch)]]
