@@ -160,6 +160,8 @@ class EagleGraphs:
         """The pass for ``key`` (created on first use) with ``inputs`` copied into its static
         buffers. A draft pass is captured here; a catch-up pass after its features are in."""
         if self._storage_key() != self._storage:  # the cache grew: graphs point at freed storage
+            if self.capture:
+                torch.cuda.synchronize(self.worker.device)  # no replay in flight when they are destroyed
             self.passes.clear()
             self.pool = None
             self._storage = self._storage_key()
