@@ -396,11 +396,12 @@ class Scheduler:
             reqs = live()
         if not reqs:
             return None
+        whole = self.spec.needs_context  # n-gram drafts read the whole context; EAGLE its newest token
         rows = [
             SpecRow(
                 r.req_pool_idx,
                 r.kv_len,
-                r.fill_ids,
+                r.fill_ids if whole else [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1]],
                 self.spec.sampling_of(r.params),
                 r.remaining_new_tokens,
                 grammar=r.grammar,

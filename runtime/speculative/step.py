@@ -32,7 +32,7 @@ class SpecRow:
 
     req_pool_idx: int
     kv_len: int  # tokens with KV; the newest token (context[-1]) has none yet
-    context: list[int]  # prompt + outputs so far
+    context: list[int]  # prompt + outputs so far (only the newest token when not needs_context)
     sampling: SpecSampling = GREEDY
     max_accept: int | None = None  # remaining max_new_tokens
     grammar: Any = None  # the request's GrammarMatcher (accepted up to context[-1]) or None
@@ -65,6 +65,7 @@ class SpeculativeStep:
         self.vocab_size = runner.vocab_size
         self.max_tree = max_tree
         self.needs_hidden = isinstance(drafter, EagleDrafter)
+        self.needs_context = not self.needs_hidden  # EAGLE drafts from its own cache and the newest token
         self.draft_ahead = True  # hint the drafter after each verify (off: benchmarks' A/B only)
         self.verify_count = 0
         self.accepted_tokens = 0
