@@ -94,6 +94,12 @@ class IncrementalDecoder:
 
     def flush(self) -> str:
         """Everything not yet returned, including a trailing incomplete character (as U+FFFD)."""
+        if self._read == len(self._ids) and self._sent == 0:
+            # The last feed returned everything: window and base would decode the same ids, so the
+            # answer is "" without the two decodes (each as long as the whole output when a
+            # non-streaming request finishes).
+            self._advance()
+            return ""
         window = self._decode(self._ids[self._prefix :])
         out = window[len(self._base_text()) + self._sent :]
         self._advance()

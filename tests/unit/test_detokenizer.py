@@ -133,6 +133,36 @@ def test_partial_character_is_held_then_released():
     assert dec.flush() == ""
 
 
+class CountingTokenizer(ByteTokenizer):
+    """ByteTokenizer that records the length of every decoded id list."""
+
+    def __init__(self) -> None:
+        self.decoded: list[int] = []
+
+    def decode(self, ids, skip_special_tokens=True, spaces_between_special_tokens=True) -> str:
+        self.decoded.append(len(ids))
+        return super().decode(ids, skip_special_tokens, spaces_between_special_tokens)
+
+
+def test_finishing_in_one_message_decodes_once():
+    # A non-streaming request arrives whole with its finish: one decode of all ids, and the flush
+    # after it (nothing pending) decodes nothing.
+    ct = CountingTokenizer()
+    ids = ct.encode("héllo wörld " * 20)
+    text = RequestDecoder(ct).push(ids, {"type": "length", "length": len(ids)})
+    assert ct.decoded == [len(ids)]
+    assert text == ct.decode(ids)
+
+
+@pytest.mark.parametrize("split", [1, 2, 3])
+def test_flush_after_a_held_character_still_decodes(split):
+    ct = CountingTokenizer()
+    dec = IncrementalDecoder(ct)
+    ids = ct.encode("a😀")
+    assert dec.feed(ids[: 1 + split]) == "a"  # the emoji is incomplete: held
+    assert dec.flush() == "\ufffd"
+
+
 def test_text_before_a_split_character_is_not_held():
     bt = ByteTokenizer()
     dec = IncrementalDecoder(bt)
