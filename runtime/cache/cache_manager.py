@@ -396,11 +396,12 @@ class CacheManager:
             )
         parts = [free, tree] + ([] if isinstance(private, int) else [private.reshape(-1).cpu()])
         everything = torch.cat(parts)
+        _require(bool(((everything >= 1) & (everything <= self.total_size)).all()), "slot out of range")
+        # a count per slot, not a sort: linear in the pool (millions of slots on a GPU)
         _require(
-            torch.unique(everything).numel() == everything.numel(),
+            everything.numel() == 0 or int(torch.bincount(everything).max()) <= 1,
             "a slot is held twice (free and in the tree, or duplicated)",
         )
-        _require(bool(((everything >= 1) & (everything <= self.total_size)).all()), "slot out of range")
         if self._hicache is not None:
             problems = self._hicache.integrity_problems()
             _require(not problems, "; ".join(problems))

@@ -64,12 +64,16 @@ class SchedulerProcess:
     # ------------------------------------------------------------------ loop
     def loop(self, parent_pid: int) -> None:
         while self.running:
-            self.receive(block=self.scheduler.is_idle)
+            idle = self.scheduler.is_idle
+            arrived = self.receive(block=idle)
             busy = self.scheduler.step()
-            if busy:
+            if busy or arrived:
                 self._idle_checked = False
-            elif not self._idle_checked:
-                self.rt.cache.check_integrity()  # free + evictable == total when idle
+            elif idle and not self._idle_checked:
+                # Idle for a whole poll interval: check the pool invariant (free + evictable ==
+                # total) now. It is O(pool size), ~0.1 s on a large GPU pool; checking the moment
+                # the last request finished would delay the next one, which often follows at once.
+                self.rt.cache.check_integrity()
                 self._idle_checked = True
             now = time.monotonic()
             if now - self._last_stats >= STATS_INTERVAL_S:
@@ -84,12 +88,16 @@ class SchedulerProcess:
                 if not parent_alive(parent_pid):
                     return
 
-    def receive(self, *, block: bool) -> None:
+    def receive(self, *, block: bool) -> bool:
+        """Handle every waiting message (waiting up to 200 ms for one when ``block``); whether any came."""
         timeout = 200 if block else 0
+        arrived = False
         while self.inp.poll(timeout):
             msg = self.codec_in.decode(self.inp.recv())
             self.handlers[type(msg)](msg)
             timeout = 0
+            arrived = True
+        return arrived
 
     # ------------------------------------------------------------------ handlers
     def _on_generate(self, msg: TokenizedGenerateReq) -> None:
