@@ -16,7 +16,7 @@ from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
 from phloem.runtime.model_files import resolve_model
 from phloem.runtime.tokenizer.tokenizer import Tokenizer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]  # one_thread: tests/conftest.py
 
 PLAIN = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg "
@@ -29,15 +29,6 @@ CHATS = [
     [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}],
     [{"role": "user", "content": "Write a Python function that returns the square of a number."}],
 ]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two cores shared with other jobs: one intra-op thread is far faster than two fighting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

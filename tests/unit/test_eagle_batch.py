@@ -13,13 +13,7 @@ from phloem.runtime.speculative.eagle import EagleConfig, EagleDraftWorker, Eagl
 
 from tests.unit.tiny_model import tiny_runner
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -23,13 +23,7 @@ def _sampler():
         return lambda logits, info: logits.argmax(-1)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two cores shared with other jobs: one intra-op thread is far faster than two fighting."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 _RUNNERS: dict[str, ModelRunner] = {}

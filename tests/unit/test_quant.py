@@ -11,13 +11,7 @@ from phloem.runtime.layers.linear import Linear
 from phloem.runtime.layers.quant import Q4Weight, Q8Weight
 from phloem.runtime.model_files import ModelSource, resolve_model
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def _q4_blocks(n: int, k: int, seed: int) -> Q4Weight:

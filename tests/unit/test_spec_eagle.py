@@ -21,13 +21,7 @@ from phloem.runtime.speculative.tree import DraftTree
 
 from tests.unit.tiny_model import tiny_runner
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +110,9 @@ def test_sibling_expansion_matches_separate_paths(runner):
     for c in children[0]:  # level-1 nodes (both expanded: topk == 2)
         ref = copy.deepcopy(w)
         ref.extend(0, [tree.tokens[c]], ref.root_feature(0)[None])
-        top2 = ref.token_map[torch.nn.functional.linear(ref.root_feature(0)[None], ref.lm_weight).topk(2).indices[0]].tolist()
+        top2 = ref.token_map[
+            torch.nn.functional.linear(ref.root_feature(0)[None], ref.lm_weight).topk(2).indices[0]
+        ].tolist()
         assert sorted(tree.tokens[k] for k in children[c]) == sorted(top2)
 
 
