@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.layers.fusion import use_skinny
 from phloem.runtime.layers.linear import linear_rows
 from torch import nn
 
@@ -57,4 +58,9 @@ class LMHead(nn.Module):
             return self.quant.matmul(hidden)
         if self.row_tile:
             return linear_rows(hidden, self.full_weight, tile=self.row_tile).float()
-        return F.linear(hidden, self.full_weight).float()
+        weight = self.full_weight
+        if use_skinny(hidden, weight):  # float32 logits straight from the float32 accumulator
+            from phloem.runtime.layers.skinny_gemm import skinny_linear
+
+            return skinny_linear(hidden, weight, out_dtype=torch.float32)
+        return F.linear(hidden, weight).float()

@@ -7,6 +7,10 @@ kernels are tested against). The switch is for A/B measurement and debugging:
 - ``PHLOEM_DISABLE_FUSED_KERNELS=1`` in the environment (read on first use), or
 - :func:`set_fused_kernels` in the process, before the model runner is built: a captured CUDA
   graph keeps the path that was in force when it was captured.
+
+Projections of at most 16 rows (decode, verify, drafting) take the skinny matmul kernel of
+:mod:`phloem.runtime.layers.skinny_gemm` on CUDA in 16-bit dtypes; ``PHLOEM_DISABLE_SKINNY_GEMM=1``
+or :func:`set_skinny_gemm` sends them back to the GEMM library (``F.linear``), their oracle.
 """
 
 from __future__ import annotations
@@ -16,7 +20,14 @@ import os
 
 import torch
 
-__all__ = ["fused_kernels_enabled", "set_fused_kernels", "use_fused"]
+__all__ = [
+    "fused_kernels_enabled",
+    "set_fused_kernels",
+    "set_skinny_gemm",
+    "skinny_gemm_enabled",
+    "use_fused",
+    "use_skinny",
+]
 
 ENV_DISABLE = "PHLOEM_DISABLE_FUSED_KERNELS"
 
@@ -40,3 +51,44 @@ def fused_kernels_enabled() -> bool:
 def use_fused(x: torch.Tensor) -> bool:
     """Whether a layer given ``x`` should call the fused kernel (CUDA tensors, switch on)."""
     return x.is_cuda and (_enabled if _enabled is not None else fused_kernels_enabled())
+
+
+# ---- few-row matmuls (runtime/layers/skinny_gemm.py) ---------------------------------------------
+ENV_DISABLE_SKINNY = "PHLOEM_DISABLE_SKINNY_GEMM"
+SKINNY_MAX_ROWS = 16  # = skinny_gemm.MAX_ROWS (not imported: that module needs Triton)
+_SKINNY_DTYPES = (torch.float16, torch.bfloat16)
+_skinny: bool | None = None
+
+
+def set_skinny_gemm(enabled: bool) -> None:
+    """Route few-row CUDA projections through the skinny kernel (on) or the GEMM library (off),
+    before the model runner is built (a captured graph keeps the path in force at capture)."""
+    global _skinny
+    _skinny = bool(enabled) and importlib.util.find_spec("triton") is not None
+
+
+def skinny_gemm_enabled() -> bool:
+    """On unless ``PHLOEM_DISABLE_SKINNY_GEMM=1``, the fused kernels are off, or Triton is missing."""
+    if _skinny is None:
+        set_skinny_gemm(os.environ.get(ENV_DISABLE_SKINNY) != "1")
+    assert _skinny is not None
+    return _skinny and fused_kernels_enabled()
+
+
+def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x @ weight.T`` should run the skinny kernel: CUDA, 16-bit, at most
+    :data:`SKINNY_MAX_ROWS` rows, a weight with a contiguous last axis, a shape where the kernel
+    is the faster one (``skinny_gemm.skinny_wins``), the switch on."""
+    if not (
+        x.is_cuda
+        and x.dtype in _SKINNY_DTYPES
+        and weight.dtype == x.dtype
+        and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]
+        and weight.stride(-1) == 1
+        and skinny_gemm_enabled()
+    ):
+        return False
+    from phloem.runtime.layers.skinny_gemm import skinny_wins
+
+    n, k = weight.shape
+    return skinny_wins(n, k, x.numel() // max(k, 1))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.layers.fusion import use_skinny
 from torch import nn
 
 if TYPE_CHECKING:
@@ -68,6 +69,10 @@ class Linear(nn.Module):
             y = y.reshape(*x.shape[:-1], y.shape[-1])
         elif self.row_tile:
             y = linear_rows(x, self.weight, tile=self.row_tile)
+        elif use_skinny(x, self.weight):
+            from phloem.runtime.layers.skinny_gemm import skinny_linear
+
+            return skinny_linear(x, self.weight, self.bias)
         else:
             return F.linear(x, self.weight, self.bias)
         return y + self.bias if self.bias is not None else y

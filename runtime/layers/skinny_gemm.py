@@ -1,0 +1,161 @@
+"""``y = x @ W.T (+ b)`` for a few rows of ``x``: the decode-time matmul, as one Triton kernel.
+
+At decode a projection multiplies 1-16 rows by a weight of ``[N, K]``: the work is reading ``W``
+once, and for a small model most of a step's device time is these launches. The vendor GEMM
+library picks a tiled kernel meant for larger problems (measured ~3.8 us per call for SmolLM2's
+576-wide projections on an H200, where reading the weight takes under 1 us). This kernel gives
+each program ``BLOCK_N`` output columns and streams their rows of ``W`` along ``K`` once, for all
+rows of ``x`` together. What one call computes, as a plain loop::
+
+    for n in range(N):                     # one program per BLOCK_N of these
+        acc[:, n] = sum_k x[:, k] * W[n, k]  # float32 accumulation, k in BLOCK_K chunks
+        y[:, n] = (acc[:, n] + b[n]).to(out_dtype)
+
+One row (``M == 1``) reduces with multiply-adds; 2-16 rows use ``tl.dot`` with the rows padded to
+16. The block sizes depend on ``(N, K)`` and the path only (:func:`pick_config`), so a row's result
+does not depend on how many rows share a dot-path call. :func:`skinny_wins` says where the kernel
+is faster than the GEMM library; the layers route there only. The grid depends on shapes only,
+so the call can be captured in a CUDA graph.
+
+The oracle is ``torch.nn.functional.linear`` (``tests/kernels/skinny_cases.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["MAX_ROWS", "SkinnyConfig", "pick_config", "skinny_linear", "skinny_wins"]
+
+MAX_ROWS = 16  # rows of x this kernel takes; more go to the GEMM library
+_DTYPES = (torch.float16, torch.bfloat16)
+# Triton's CPU interpreter multiplies bfloat16 dot operands wrongly; there the dot path works on
+# float32 copies of the tiles (the compiled kernel keeps 16-bit operands).
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+class SkinnyConfig(NamedTuple):
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+
+
+def pick_config(n: int, k: int, rows: int) -> SkinnyConfig:
+    """Block sizes for an ``[N, K]`` weight; ``rows`` only selects the one-row or the dot path.
+
+    Chosen from a sweep on an H200 with the weights read from HBM (``benchmarks/gpu/skinny_bench.py
+    --sweep``; ``docs/benchmarks.md``). One row: many narrow programs, each reading its rows of
+    ``W`` in one or a few long chunks, so that plenty of loads are in flight; wide weights (the
+    LM head, Llama's MLP) take wider column blocks. Several rows: 16-32 columns per ``tl.dot``.
+    """
+    if rows == 1:
+        if n >= 65536:
+            return SkinnyConfig(32, 256 if k > 1024 else 128, 4, 3)
+        if n >= 16384:
+            return SkinnyConfig(16, 512 if k > 1024 else 128, 4, 3)
+        return SkinnyConfig(4 if n * k <= 1 << 23 else 8, 1024, 8, 3)
+    return SkinnyConfig(16 if n <= 1024 else 32, 128 if k <= 1024 else 512, 4, 3)
+
+
+def skinny_wins(n: int, k: int, rows: int) -> bool:
+    """Whether this kernel beat the GEMM library for ``rows`` rows of an ``[N, K]`` weight in
+    that sweep: always for one row; for 2-16 rows only on narrow or tall weights (attention
+    output, MLP down, a small model's qkv), where the library's tiles leave most of the GPU idle."""
+    return rows <= 1 or n <= 1024 or k >= n
+
+
+@triton.jit
+def _skinny_kernel(
+    x_ptr, w_ptr, b_ptr, y_ptr,
+    M, N, K, stride_xm, stride_wn, stride_ym,
+    HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    # grid: (cdiv(N, BLOCK_N),); every program reads its BLOCK_N rows of W once
+    pid = tl.program_id(0)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    if ONE_ROW:
+        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            k_mask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_ptr + kk, mask=k_mask, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        if HAS_BIAS:
+            acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
+        tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
+    else:
+        offs_m = tl.arange(0, BLOCK_M)
+        m_mask = offs_m < M
+        x_rows = x_ptr + offs_m[:, None] * stride_xm
+        acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            k_mask = kk < K
+            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+            x = tl.load(x_rows + kk[None, :], mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            if UPCAST:  # exact: 16-bit values and their products fit tf32 / float32
+                acc2 = tl.dot(x.to(tl.float32), tl.trans(w.to(tl.float32)), acc2)
+            else:
+                acc2 = tl.dot(x, tl.trans(w), acc2)
+        if HAS_BIAS:
+            acc2 += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+        y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        tl.store(y, acc2.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def skinny_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype | None = None,
+    config: SkinnyConfig | None = None,
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for ``x`` of at most :data:`MAX_ROWS` rows (leading axes
+    flattened), in ``out_dtype`` (default ``x.dtype``); float32 accumulation.
+
+    Raises
+    ------
+    ValueError
+        More than :data:`MAX_ROWS` rows, a width mismatch, a weight whose last axis is not
+        contiguous, or dtypes other than float16 / bfloat16 (``x`` and ``weight`` alike).
+    """
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(f"x of width {x.shape[-1]} for a weight of {tuple(weight.shape)}")
+    if weight.stride(-1) != 1:
+        raise ValueError("weight's last axis must be contiguous")
+    if x.dtype not in _DTYPES or weight.dtype != x.dtype:
+        raise ValueError(f"float16 / bfloat16 only, got x {x.dtype} and weight {weight.dtype}")
+    x2 = x.reshape(-1, k)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    m = x2.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"{m} rows; at most {MAX_ROWS}")
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    if m and n:
+        if k == 0:
+            y.zero_()
+            if bias is not None:
+                y += bias
+        else:
+            cfg = config or pick_config(n, k, m)
+            _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
+                x2, weight, bias if bias is not None else weight, y,
+                m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
+                HAS_BIAS=bias is not None, ONE_ROW=m == 1, UPCAST=_INTERPRETED,
+                BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
+    return y.reshape(*x.shape[:-1], n)
