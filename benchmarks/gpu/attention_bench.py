@@ -25,7 +25,11 @@ from triton.testing import do_bench
 
 from benchmarks.gpu.decode_bench import copy_bandwidth
 
-SHAPES = {"llama3-8b": (32, 8, 128), "smollm2-135m": (9, 3, 64)}  # q heads, kv heads, head dim
+SHAPES = {
+    "llama3-8b": (32, 8, 128),
+    "smollm2-135m": (9, 3, 64),
+    "qwen3-0.6b": (16, 8, 128),
+}  # q heads, kv heads, head dim
 DECODE_VARIANTS = [
     (64, None),
     (64, 4),
@@ -43,7 +47,9 @@ def matmul_rate(n: int = 8192) -> float:
     return 2 * n**3 / (ms / 1e3)
 
 
-def _setup(shape: str, prefix_lens: list[int], extend_lens: list[int], mode, seed: int = 0):
+def _setup(
+    shape: str, prefix_lens: list[int], extend_lens: list[int], mode, seed: int = 0, contiguous: bool = False
+):
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
     from phloem.runtime.executor.forward_io import ForwardInput
     from phloem.runtime.executor.model_runner import greedy_sampling_info
@@ -56,7 +62,7 @@ def _setup(shape: str, prefix_lens: list[int], extend_lens: list[int], mode, see
     pool.k_buffer[0].normal_()
     pool.v_buffer[0].normal_()
     rtt = ReqToTokenPool(len(seq), max(seq), "cuda")
-    perm = (torch.randperm(n, generator=gen) + 1).cuda()
+    perm = ((torch.arange(n) if contiguous else torch.randperm(n, generator=gen)) + 1).cuda()
     used, out_slots = 0, []
     for r, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
         rtt.req_to_token[r, : p + e] = perm[used : used + p + e]
@@ -128,6 +134,57 @@ def bench_decode(shape: str, bs: int, context: int, bandwidth: float) -> list[di
     return rows
 
 
+def sweep_decode(shape: str, bs: int, context: int, bandwidth: float) -> list[dict]:
+    """Every (keys per step, warps, stages) of the decode kernel for one case, over scattered
+    slots and over each request's slots in one run (the allocator's usual layout)."""
+    hk, d = SHAPES[shape][1:]
+    floor_ms = bs * context * hk * d * 2 * 2 / bandwidth * 1e3
+    rows = []
+    for contiguous in (False, True):
+        part = _sweep_layout(shape, bs, context, contiguous)
+        for r in part:
+            r.update(floor_ms=round(floor_ms, 4), ratio=round(r["ms"] / floor_ms, 2))
+        for r in sorted(part, key=lambda r: r["ms"])[:5]:
+            print(json.dumps(r), flush=True)
+        rows += part
+    return rows
+
+
+def _sweep_layout(shape: str, bs: int, context: int, contiguous: bool) -> list[dict]:
+    from phloem.runtime.attention.triton_kernels import decode_attention
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    hq = SHAPES[shape][0]
+    pool, rtt, fi, q, _, _ = _setup(
+        shape, [context - 1] * bs, [1] * bs, ForwardMode.DECODE, contiguous=contiguous
+    )
+    tri = _backend("triton", pool, rtt, fi, hq)
+    k_buf, v_buf = pool.get_kv(0)
+    out = torch.empty_like(q)
+
+    def run(block_n: int, warps: int, stages: int) -> None:
+        decode_attention(
+            q, k_buf, v_buf, out, tri.part_o, tri.part_lse,
+            req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
+            seq_lens=fi.seq_lens, sm_scale=tri.scale, block_n=block_n, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+
+    rows = []
+    for block_n in (32, 64, 128):
+        for warps in (2, 4, 8):
+            for stages in (2, 3, 4):
+                try:
+                    ms = do_bench(lambda b=block_n, w=warps, st=stages: run(b, w, st), warmup=5, rep=30,
+                                  return_mode="median")  # fmt: skip
+                except Exception as exc:  # out of resources for this tile
+                    print(f"skip {block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
+                    continue
+                rows.append({"kind": "decode-sweep", "shape": shape, "batch": bs, "context": context,
+                             "contiguous": contiguous, "block_n": block_n, "warps": warps, "stages": stages,
+                             "ms": round(ms, 4), "splits": tri.part_lse.shape[2]})  # fmt: skip
+    return rows
+
+
 def bench_extend(shape: str, prefix: int, extend: int, reqs: int, rate: float) -> list[dict]:
     from phloem.runtime.executor.forward_io import ForwardMode
 
@@ -152,11 +209,21 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--decode-sweep", metavar="SHAPE:BATCH:CONTEXT",
+                    help="only sweep the decode kernel's settings for this case")  # fmt: skip
     args = ap.parse_args()
+    if args.decode_sweep:
+        shape, bs, ctx = args.decode_sweep.split(":")
+        rows = sweep_decode(shape, int(bs), int(ctx), copy_bandwidth())
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "attention_bench --decode-sweep", "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+                       "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
+                       "device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)  # fmt: skip
+        return 0
     bandwidth, rate = copy_bandwidth(), matmul_rate()
     print(f"copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     rows = []
-    for shape in SHAPES:
+    for shape in ("llama3-8b", "smollm2-135m"):
         for bs in (1, 64, 256):
             rows += bench_decode(shape, bs, args.context, bandwidth)
         rows += bench_extend(shape, 0, 2048, 4, rate)

@@ -307,15 +307,18 @@ def decode_attention(
     v_scale: float = 1.0,
     block_n: int | None = None,
     num_warps: int | None = None,
-    num_stages: int = 2,
+    num_stages: int | None = None,
 ) -> torch.Tensor:
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
     ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` (float32) are scratch, with
     ``S`` from :func:`decode_num_splits`. ``k_scale``, ``v_scale``: as in :func:`extend_attention`.
     ``block_n``, ``num_warps``, ``num_stages``: tuning
-    knobs (keys per loop step, default 64, 32 for float32; warps default 8 for head dim 128,
-    4 below: the best of the settings swept by ``benchmarks/gpu/attention_bench.py`` on an H200).
+    knobs (keys per loop step, default 64, 32 for float32). For head dim 128 the default is 2
+    warps and 3 stages: within 1% of the best of 54 settings swept by ``attention_bench.py
+    --decode-sweep`` on an H200 at 168-180 requests of 866 keys (Qwen3-0.6B and Llama-3-8B
+    heads), and 14-17% faster than 8 warps and 2 stages. Smaller heads keep 4 warps and float32
+    8 warps, both with 2 stages.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -332,7 +335,8 @@ def decode_attention(
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n or (32 if fp32 else 64),
         NUM_SPLITS=num_splits, FP32_DOT=fp32,
-        num_warps=num_warps or (8 if block_d >= 128 else 4), num_stages=num_stages,
+        num_warps=num_warps or (4 if block_d < 128 else 8 if fp32 else 2),
+        num_stages=num_stages or (3 if block_d >= 128 and not fp32 else 2),
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, out, out.stride(0), out.stride(1),
