@@ -63,10 +63,10 @@ def pick_config(n: int, k: int, rows: int) -> SkinnyConfig:
 
 
 def skinny_wins(n: int, k: int, rows: int) -> bool:
-    """Whether this kernel beat the GEMM library for ``rows`` rows of an ``[N, K]`` weight in
-    that sweep: always for one row; for 2-16 rows only on narrow or tall weights (attention
-    output, MLP down, a small model's qkv), where the library's tiles leave most of the GPU idle."""
-    return rows <= 1 or n <= 1024 or k >= n
+    """Whether this kernel beat the GEMM library for ``rows`` rows of an ``[N, K]`` weight read
+    from HBM: always for one row; for 2-16 rows only on weights at least as long as they are wide
+    (attention output, MLP down), where the library's tiles leave most of the GPU idle."""
+    return rows <= 1 or k >= n
 
 
 @triton.jit

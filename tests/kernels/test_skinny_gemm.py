@@ -129,6 +129,7 @@ def test_config_and_routing_table() -> None:
                 assert v & (v - 1) == 0, cfg
             assert rows == 1 or cfg.block_n >= 16, cfg
     assert all(skinny_wins(n, k, 1) for n, k in SHAPES)
-    assert skinny_wins(960, 576, 8) and skinny_wins(4096, 14336, 8)  # small qkv, tall down
+    assert skinny_wins(576, 1536, 8) and skinny_wins(4096, 14336, 8)  # MLP down
+    assert not skinny_wins(960, 576, 8)  # a small model's qkv
     assert not skinny_wins(3072, 576, 8) and not skinny_wins(28672, 4096, 4)  # wide MLP up
     assert not skinny_wins(49152, 576, 2)  # the LM head at several rows
