@@ -2,12 +2,13 @@
     source benchmarks/gpu/setup_h200.sh install && python3 benchmarks/gpu/engine_e2e.py
 ; needs a tokenizer folder at .gputok/, exported from the default model here)."""
 
-if __name__ == '__main__':
+if __name__ == "__main__":
     import json
     import os
     import time
 
     from phloem import Engine
+
     t = time.time()
     e = Engine(load_format="dummy", device="cuda", tokenizer_path=".gputok", log_level="info")
     print("startup", time.time() - t)
@@ -21,7 +22,7 @@ if __name__ == '__main__':
         dt = time.time() - t
         toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
         res[bs] = toks / dt
-        print(f"engine decode bs={bs}: {toks/dt:.0f} tok/s (incl. prefill, scheduler, detokenizer)")
+        print(f"engine decode bs={bs}: {toks / dt:.0f} tok/s (incl. prefill, scheduler, detokenizer)")
     schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
     o = e.generate("x", sampling_params={"max_new_tokens": 20, "json_schema": schema})
     print("grammar on cuda:", o["meta_info"]["finish_reason"])

@@ -42,7 +42,9 @@ def _prompts(tokenizer_path: str | None, model: str | None) -> list[str]:
     from phloem.runtime.tokenizer.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolve_model(model), tokenizer_path)
-    return [tok.apply_chat_template([{"role": "user", "content": t}]) for t in read_prompts(DEFAULT_PROMPTS)[:12]]
+    return [
+        tok.apply_chat_template([{"role": "user", "content": t}]) for t in read_prompts(DEFAULT_PROMPTS)[:12]
+    ]
 
 
 def _run(engine: Any, prompts: list[str], batch: int, max_new: int) -> dict[str, Any]:
@@ -98,8 +100,11 @@ def main() -> None:
                     r["match"] = sum(x == y for x, y in zip(ids, plain_ids[b])) / len(ids)
                     r["speedup"] = r["tok_s"] / results["plain"][str(b)]["tok_s"]
                 results[name][str(b)] = r
-                print(f"{name:>14} b={b:<3} {r['tok_s']:8.0f} tok/s  accept {r['accept_length']:.2f}  "
-                      f"speedup {r.get('speedup', 1.0):.2f}  match {r.get('match', 1.0):.2f}", flush=True)
+                print(
+                    f"{name:>14} b={b:<3} {r['tok_s']:8.0f} tok/s  accept {r['accept_length']:.2f}  "
+                    f"speedup {r.get('speedup', 1.0):.2f}  match {r.get('match', 1.0):.2f}",
+                    flush=True,
+                )
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
     except OSError:
