@@ -47,9 +47,13 @@ def common_prefix_len(a: Sequence[int], b: Sequence[int], start: int = 0) -> int
 
 
 def should_defer_sibling(req: Req, admitted: Sequence[Req]) -> bool:
-    """True when ``req`` shares an uncached prefix of 32+ tokens with a request admitted in this
-    round: it waits one round so it reads the shared part from the tree instead of computing it
-    twice (n > 1, fork children, a batch with a common stem)."""
+    """True when ``req`` shares an uncached prefix of 32+ tokens with one of ``admitted``: requests
+    admitted in this round (a continued chunk included) or whose prompt is still being computed.
+    ``req`` waits until that prompt is in the tree and reads the shared part from it instead of
+    computing it twice (n > 1, fork children, a batch with a common stem).
+
+    Only meaningful with a radix tree: without one nothing is ever read back, so waiting would only
+    delay ``req`` (the scheduler does not ask then)."""
     ids = req.fill_ids
     for other in admitted:
         shared = common_prefix_len(ids, other.fill_ids, start=req.prefix_len)

@@ -214,6 +214,8 @@ class Scheduler:
             use_priority=self.cfg.enable_priority_scheduling,
         )
         admitted_now: list[Req] = []
+        # Waiting for a sibling pays only if the shared part can then be read from the tree.
+        computing = self._prompts_in_flight() if self.cache.radix_enabled else None
         for req in order:
             if adder.full:
                 break
@@ -223,7 +225,8 @@ class Scheduler:
                 self._abort_unfittable(req, "the prompt is longer than the KV cache pool")
                 continue
             self._match(req)
-            if should_defer_sibling(req, [*admitted_now, *self._prefilling.values()]):
+            # adder.can_run: admitted this round, a continued chunk included
+            if computing is not None and should_defer_sibling(req, [*adder.can_run, *computing]):
                 continue
             if not self.cache.prefetch_ready(req.match):
                 continue  # its prefix is still arriving from the storage tier
@@ -241,6 +244,14 @@ class Scheduler:
         for req in admitted_now:
             self.waiting.remove(req)
         return self._make_prefill_batch(adder)
+
+    def _prompts_in_flight(self) -> list[Req]:
+        """Requests whose prompt KV is still being computed, before this round's admissions: a
+        prefill pass launched and not processed, or running with no token processed yet (with
+        overlap, the pass holding the last chunk of a prompt can still be in flight after the
+        previous chunk was processed). Their prompt enters the tree once that pass is processed."""
+        pending = [r for r in self.running if not r.output_ids and not r.finished]
+        return [*self._prefilling.values(), *pending]
 
     def _try_admit(self, req: Req, adder: PrefillAdder) -> AddResult:
         before = self.cache.available_size
