@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from phloem.runtime.layers.activation import silu_and_mul
 from phloem.runtime.layers.fusion import use_skinny
 from torch import nn
 
@@ -77,22 +76,6 @@ class Linear(nn.Module):
         else:
             return F.linear(x, self.weight, self.bias)
         return y + self.bias if self.bias is not None else y
-
-    def forward_swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """``self(silu_and_mul(gate_up))`` for a fused ``[..., 2 * in]`` gate/up projection; one
-        kernel for a single row on CUDA (the skinny kernel forms the activation as it reads)."""
-        w = self.weight
-        if (
-            w is not None
-            and self.quant is None
-            and not self.row_tile
-            and gate_up.numel() == 2 * w.shape[1]
-            and use_skinny(gate_up[..., : w.shape[1]], w)
-        ):
-            from phloem.runtime.layers.skinny_gemm import skinny_linear
-
-            return skinny_linear(gate_up, w, self.bias, swiglu=True)
-        return self(silu_and_mul(gate_up))
 
 
 class MergedLinear(Linear):

@@ -73,7 +73,7 @@ def skinny_wins(n: int, k: int, rows: int) -> bool:
 def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, SWIGLU: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):  # fmt: skip
     # grid: (cdiv(N, BLOCK_N),); every program reads its BLOCK_N rows of W once
@@ -88,12 +88,8 @@ def _skinny_kernel(
             kk = k0 + offs_k
             k_mask = kk < K
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            x = tl.load(x_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-            if SWIGLU:  # x_ptr holds [gate | up] of width 2K; rounded as silu_and_mul rounds
-                up = tl.load(x_ptr + K + kk, mask=k_mask, other=0.0).to(tl.float32)
-                silu = (x / (1.0 + tl.exp(-x))).to(w.dtype).to(tl.float32)
-                x = (silu * up).to(w.dtype).to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+            x = tl.load(x_ptr + kk, mask=k_mask, other=0.0)
+            acc += tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
         if HAS_BIAS:
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
@@ -124,36 +120,29 @@ def skinny_linear(
     *,
     out_dtype: torch.dtype | None = None,
     config: SkinnyConfig | None = None,
-    swiglu: bool = False,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for ``x`` of at most :data:`MAX_ROWS` rows (leading axes
     flattened), in ``out_dtype`` (default ``x.dtype``); float32 accumulation.
 
-    With ``swiglu``, ``x`` is one row of a fused ``[gate | up]`` projection (width ``2 K``) and the
-    call computes ``F.linear(silu_and_mul(x), weight, bias)``: the activation is formed while the
-    weight streams in, which saves the SiLU x mul launch of a decode step's MLP.
-
     Raises
     ------
     ValueError
-        More than :data:`MAX_ROWS` rows (more than one with ``swiglu``), a width mismatch, a weight
-        whose last axis is not contiguous, or dtypes other than float16 / bfloat16 (``x`` and
-        ``weight`` alike).
+        More than :data:`MAX_ROWS` rows, a width mismatch, a weight whose last axis is not
+        contiguous, or dtypes other than float16 / bfloat16 (``x`` and ``weight`` alike).
     """
     n, k = weight.shape
-    if x.shape[-1] != (2 * k if swiglu else k):
-        what = f"x of width {x.shape[-1]}" + (" (gate | up)" if swiglu else "")
-        raise ValueError(f"{what} for a weight of {tuple(weight.shape)}")
+    if x.shape[-1] != k:
+        raise ValueError(f"x of width {x.shape[-1]} for a weight of {tuple(weight.shape)}")
     if weight.stride(-1) != 1:
         raise ValueError("weight's last axis must be contiguous")
     if x.dtype not in _DTYPES or weight.dtype != x.dtype:
         raise ValueError(f"float16 / bfloat16 only, got x {x.dtype} and weight {weight.dtype}")
-    x2 = x.reshape(-1, x.shape[-1])
+    x2 = x.reshape(-1, k)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
-    if m > MAX_ROWS or (swiglu and m > 1):
-        raise ValueError(f"{m} rows; at most {1 if swiglu else MAX_ROWS}{' with swiglu' if swiglu else ''}")
+    if m > MAX_ROWS:
+        raise ValueError(f"{m} rows; at most {MAX_ROWS}")
     y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     if m and n:
         if k == 0:
@@ -165,7 +154,7 @@ def skinny_linear(
             _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
                 x2, weight, bias if bias is not None else weight, y,
                 m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                HAS_BIAS=bias is not None, ONE_ROW=m == 1, SWIGLU=swiglu, UPCAST=_INTERPRETED,
+                HAS_BIAS=bias is not None, ONE_ROW=m == 1, UPCAST=_INTERPRETED,
                 BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )  # fmt: skip

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 import torch
 from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.layers.activation import silu_and_mul
 from phloem.runtime.layers.embedding import LMHead, VocabEmbedding
 from phloem.runtime.layers.linear import Linear, MergedLinear
 from phloem.runtime.layers.rmsnorm import RMSNorm
@@ -57,7 +58,7 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(width, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj.forward_swiglu(self.gate_up_proj(x))
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(nn.Module):

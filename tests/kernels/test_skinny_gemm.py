@@ -98,29 +98,6 @@ def test_linear_layer_routes_to_skinny(dtype: str, restore_skinny) -> None:
 
 @pytest.mark.gpu
 @requires_cuda
-@pytest.mark.parametrize("rows", [1, 2])
-def test_mlp_with_skinny_matches_without(rows: int, restore_skinny) -> None:
-    """One row takes the SwiGLU-fused down projection, two rows the plain path."""
-    from phloem.runtime.models.config import ModelConfig
-    from phloem.runtime.models.llama import LlamaMLP
-
-    cfg = ModelConfig.dummy("smollm2-135m")
-    torch.manual_seed(0)
-    mlp = LlamaMLP(cfg).to("cuda", torch.bfloat16)
-    with torch.no_grad():
-        for p in mlp.parameters():
-            p.normal_(0, 0.05)
-    x = torch.randn(rows, cfg.hidden_size, device="cuda").to(torch.bfloat16)
-    with torch.inference_mode():
-        set_skinny_gemm(False)
-        off = mlp(x)
-        set_skinny_gemm(True)
-        on = mlp(x)
-    assert rel_err(on, off) <= 2 * REL_TOL[torch.bfloat16]
-
-
-@pytest.mark.gpu
-@requires_cuda
 @pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3"])
 def test_model_with_skinny_matches_without(shape: str, restore_skinny) -> None:
     """A decode step (two rows) and a prefill of 13 tokens: hidden states and logits agree."""
