@@ -26,7 +26,6 @@ import sys
 import time
 from typing import Any
 
-import torch
 from phloem.bench.grammar_decode import git_commit
 from phloem.runtime.speculative.decoding import EagleDrafter
 
@@ -96,12 +95,9 @@ def sweep_config(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from phloem.runtime.executor.model_runner import ModelRunner
-    from phloem.runtime.model_files import resolve_model
+    from phloem.bench.speculative import cpu_target
     from phloem.runtime.speculative import DEFAULT_EAGLE_HEAD
     from phloem.runtime.speculative.eagle import load_eagle_head
-    from phloem.runtime.speculative.train import DEFAULT_PROMPTS, encode_prompts, read_prompts
-    from phloem.runtime.tokenizer.tokenizer import load_tokenizer
 
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--configs", default=DEFAULT_CONFIGS, help="num_steps,topk,num_draft_tokens;...")
@@ -113,14 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
 
-    torch.set_num_threads(args.threads)
-    source = resolve_model(args.model)
-    runner = ModelRunner(
-        source, dtype="float32", device="cpu", max_total_tokens=1 << 14, max_running_requests=8
-    )
-    tok = load_tokenizer(source)
-    stop = set(tok.eos_token_ids)
-    prompts = encode_prompts(read_prompts(DEFAULT_PROMPTS)[: args.prompts], tok)
+    source, runner, _, stop, prompts = cpu_target(args.model, args.threads, args.prompts)
     head = load_eagle_head(args.head)
     configs = parse_configs(args.configs)
     sweep_config(runner, head, prompts[:1], stop, configs[0], 8)  # warm-up, not recorded

@@ -78,20 +78,30 @@ def _decoder(runner: Any, spec: dict[str, Any], head_path: str) -> Any:
     return SpeculativeDecoder(runner, EagleDrafter(worker))
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def cpu_target(
+    model: str | None, threads: int, num_prompts: int
+) -> tuple[Any, Any, Any, set[int], list[list[int]]]:
+    """The target on the CPU in float32: ``(source, runner, tokenizer, stop ids, prompts)``, the
+    prompts being the first ``num_prompts`` of the EAGLE head's held-out ones, chat-templated."""
     from phloem.runtime.executor.model_runner import ModelRunner
     from phloem.runtime.model_files import resolve_model
     from phloem.runtime.speculative.train import DEFAULT_PROMPTS, encode_prompts, read_prompts
     from phloem.runtime.tokenizer.tokenizer import load_tokenizer
 
-    torch.set_num_threads(args.threads)
-    source = resolve_model(args.model)
+    torch.set_num_threads(threads)
+    source = resolve_model(model)
     runner = ModelRunner(
         source, dtype="float32", device="cpu", max_total_tokens=1 << 14, max_running_requests=8
     )
     tok = load_tokenizer(source)
-    stop = set(tok.eos_token_ids)
-    prompts = encode_prompts(read_prompts(DEFAULT_PROMPTS)[: args.prompts], tok)  # held out from training
+    prompts = encode_prompts(read_prompts(DEFAULT_PROMPTS)[:num_prompts], tok)  # held out from training
+    return source, runner, tok, set(tok.eos_token_ids), prompts
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from phloem.runtime.speculative.train import encode_prompts
+
+    source, runner, tok, stop, prompts = cpu_target(args.model, args.threads, args.prompts)
     if args.ngram_prompt:  # a prompt that invites copying, where n-gram drafting shines
         prompts.append(
             encode_prompts(

@@ -321,6 +321,23 @@ def _git_commit() -> str:
         return "unknown"
 
 
+def run_record(benchmark: str, dtype: torch.dtype, bandwidth: float) -> dict:
+    """The fields every GPU benchmark's JSON starts with: what ran, on which code and machine."""
+    return {
+        "benchmark": benchmark,
+        "command": " ".join(
+            [os.path.basename(sys.executable), "-m", f"benchmarks.gpu.{benchmark}", *sys.argv[1:]]
+        ),
+        "git_commit": os.environ.get("GIT_COMMIT") or _git_commit(),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": __import__("triton").__version__,
+        "python": platform.python_version(),
+        "dtype": str(dtype),
+        "copy_bandwidth_bytes_s": bandwidth,
+    }
+
+
 def print_table(results: list[dict]) -> None:
     print(
         f"{'model':14} {'backend':9} {'fused':5} {'graph':5} {'batch':>5} {'step ms':>9} {'tok/s':>10} {'floor ms':>9} {'ratio':>6} {'replay ms':>9}"

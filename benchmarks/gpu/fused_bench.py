@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 from collections.abc import Callable
 
 import torch
 
-from benchmarks.gpu.decode_bench import _fast_dummy_weights, _git_commit, bench_model, copy_bandwidth
+from benchmarks.gpu.decode_bench import _fast_dummy_weights, bench_model, copy_bandwidth, run_record
 
 SHAPES = {  # name -> hidden, MLP width, q heads, kv heads, head dim
     "h576": (576, 1536, 9, 3, 64),
@@ -196,17 +194,7 @@ def main() -> int:
             captures.update(caps)
     speedups = step_speedups(steps)
     report = {
-        "benchmark": "fused_bench",
-        "command": " ".join(
-            [os.path.basename(sys.executable), "-m", "benchmarks.gpu.fused_bench", *sys.argv[1:]]
-        ),
-        "git_commit": os.environ.get("GIT_COMMIT") or _git_commit(),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "python": platform.python_version(),
-        "dtype": str(DTYPE),
-        "copy_bandwidth_bytes_s": bandwidth,
+        **run_record("fused_bench", DTYPE, bandwidth),
         "floor": "kernels: bytes / copy bandwidth; step: see decode_bench",
         "kernels": kernels,
         "step": steps,

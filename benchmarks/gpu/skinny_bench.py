@@ -18,14 +18,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import platform
 import sys
 
 import torch
 import torch.nn.functional as F
 
-from benchmarks.gpu.decode_bench import _git_commit, copy_bandwidth
+from benchmarks.gpu.decode_bench import copy_bandwidth, run_record
 from benchmarks.gpu.fused_bench import graph_us
 
 SHAPES = {  # model -> projection -> (N, K)
@@ -148,17 +146,7 @@ def main() -> int:
         shapes = bench_shapes(bandwidth)
         best = sweep(bandwidth) if args.sweep else []
     report = {
-        "benchmark": "skinny_bench",
-        "command": " ".join(
-            [os.path.basename(sys.executable), "-m", "benchmarks.gpu.skinny_bench", *sys.argv[1:]]
-        ),
-        "git_commit": os.environ.get("GIT_COMMIT") or _git_commit(),
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "triton": __import__("triton").__version__,
-        "python": platform.python_version(),
-        "dtype": str(DTYPE),
-        "copy_bandwidth_bytes_s": bandwidth,
+        **run_record("skinny_bench", DTYPE, bandwidth),
         "floor": "(weight + input + output bytes) / copy bandwidth",
         "shapes": shapes,
         "sweep": best,

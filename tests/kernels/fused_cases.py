@@ -42,13 +42,16 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _check(name: str, out: torch.Tensor, ref: torch.Tensor) -> float:
+def check_close(name: str, out: torch.Tensor, ref: torch.Tensor, tol: float | None = None) -> float:
+    """Same shape and dtype, every element written, relative error within ``tol`` (default: the
+    dtype's :data:`REL_TOL`, looser for bfloat16 under the interpreter); returns the error."""
     assert out.shape == ref.shape and out.dtype == ref.dtype, (
         f"{name}: {out.shape} {out.dtype} vs {ref.shape}"
     )
     assert bool(torch.isfinite(out).all()), f"{name}: non-finite output (unwritten elements?)"
     err = rel_err(out, ref)
-    tol = INTERPRETER_BF16_TOL if ref.dtype == torch.bfloat16 and _interpreted() else REL_TOL[ref.dtype]
+    if tol is None:
+        tol = INTERPRETER_BF16_TOL if ref.dtype == torch.bfloat16 and _interpreted() else REL_TOL[ref.dtype]
     assert err <= tol, f"{name}: rel err {err:.2e} > {tol:.0e}"
     return err
 
@@ -70,7 +73,7 @@ def check_rmsnorm(shape: tuple[int, int], dtype: torch.dtype, device: str, seed:
     eps = 1e-5 if seed % 2 else 1e-6
     errs = []
     out = fused_triton.rmsnorm(x, weight, eps)
-    errs.append(_check("rmsnorm", out, rms_norm_ref(x, weight, eps)))
+    errs.append(check_close("rmsnorm", out, rms_norm_ref(x, weight, eps)))
     x_before, res_before = x.clone(), residual.clone()
     out, new_res = fused_triton.add_rmsnorm(x, residual, weight, eps)
     ref, ref_res = add_rms_norm_ref(x, residual, weight, eps)
@@ -78,14 +81,16 @@ def check_rmsnorm(shape: tuple[int, int], dtype: torch.dtype, device: str, seed:
     if dtype != torch.bfloat16 or not _interpreted():  # x + residual rounds the same way everywhere
         assert torch.equal(new_res, ref_res), "add_rmsnorm: residual differs from x + residual"
     else:
-        errs.append(_check("add_rmsnorm residual", new_res, ref_res))
-    errs.append(_check("add_rmsnorm", out, ref))
+        errs.append(check_close("add_rmsnorm residual", new_res, ref_res))
+    errs.append(check_close("add_rmsnorm", out, ref))
     # per-head norm on a strided view: q of a fused [rows, (heads + 2) * dim] projection
     heads, dim = 3, max(16, hidden // 8)
     qkv = randn(rows, (heads + 2) * dim)
     q = qkv[:, : heads * dim].view(rows, heads, dim)
     head_w = 1 + 0.3 * randn(dim)
-    errs.append(_check("rmsnorm heads", fused_triton.rmsnorm(q, head_w, eps), rms_norm_ref(q, head_w, eps)))
+    errs.append(
+        check_close("rmsnorm heads", fused_triton.rmsnorm(q, head_w, eps), rms_norm_ref(q, head_w, eps))
+    )
     return max(errs)
 
 
@@ -97,7 +102,7 @@ def check_silu_and_mul(shape: tuple[int, int], dtype: torch.dtype, device: str, 
     rows, width = shape
     gate_up = (torch.randn((rows, 2 * width), generator=gen, device=device) * 3).to(dtype)
     out = fused_triton.silu_and_mul(gate_up)
-    return _check("silu_and_mul", out, silu_and_mul_ref(gate_up))
+    return check_close("silu_and_mul", out, silu_and_mul_ref(gate_up))
 
 
 def check_rope(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int) -> float:
@@ -118,7 +123,7 @@ def check_rope(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str
     out_q, out_k = fused_triton.rope_(q, k, *cos_sin)
     assert out_q.data_ptr() == q.data_ptr() and out_k.data_ptr() == k.data_ptr(), "rope_ is not in place"
     assert torch.equal(v, v_before), "rope_ wrote outside q and k"
-    return max(_check("rope q", q, ref_q), _check("rope k", k, ref_k))
+    return max(check_close("rope q", q, ref_q), check_close("rope k", k, ref_k))
 
 
 def check_rope_store(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int) -> float:
@@ -150,7 +155,7 @@ def check_rope_store(shape: tuple[int, int, int, int], dtype: torch.dtype, devic
     untouched = torch.ones(num_slots, dtype=torch.bool, device=device)
     untouched[slots] = False
     assert torch.equal(k_buf[untouched], ref_kb[untouched]), "rope_store_ wrote outside its slots"
-    return max(_check("rope_store q", q, ref_q), _check("rope_store k", k_buf[slots], ref_k))
+    return max(check_close("rope_store q", q, ref_q), check_close("rope_store k", k_buf[slots], ref_k))
 
 
 def run_small(dtypes: dict[str, torch.dtype], device: str = "cpu") -> int:
