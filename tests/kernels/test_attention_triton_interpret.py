@@ -7,15 +7,11 @@ process (``interpret_attention.py``); small shapes keep it to seconds.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from .interpreter import run_interpreted
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -25,9 +21,5 @@ ROOT = Path(__file__).resolve().parents[2]
     "(the interpreter of triton 3.6 with numpy 2.5 also fails on scalar loads used as loop bounds)",
 )
 def test_triton_kernels_under_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.interpret_attention"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = run_interpreted("tests.kernels.interpret_attention")
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -10,10 +10,6 @@ residual-carrying decoder layer against the plain ``x + attn(norm(x))`` forward.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -37,8 +33,8 @@ from .fused_cases import (
     check_silu_and_mul,
     rel_err,
 )
+from .interpreter import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -83,11 +79,7 @@ def test_rope_store_matches_ref(shape: tuple[int, int, int, int], dtype: str) ->
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
 def test_fused_kernels_under_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.fused_cases"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = run_interpreted("tests.kernels.fused_cases")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + 2 * len(SMALL_ROPE_SHAPES)
     passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())

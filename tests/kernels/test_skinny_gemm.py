@@ -9,10 +9,6 @@
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,10 +16,10 @@ import torch.nn.functional as F
 from phloem.runtime.layers.fusion import SKINNY_MAX_ROWS, set_skinny_gemm, skinny_gemm_enabled, use_skinny
 
 from .fused_cases import REL_TOL, rel_err
+from .interpreter import run_interpreted
 from .skinny_cases import DTYPES, ROWS, SHAPES, SMALL_SHAPES, check_rejects, check_skinny
 from .test_fused_triton import batches, layered_forward, make_runner
 
-ROOT = Path(__file__).resolve().parents[2]
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -53,11 +49,7 @@ def test_skinny_rejects_bad_calls_cuda() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernel is tested instead")
 def test_skinny_under_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.skinny_cases"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = run_interpreted("tests.kernels.skinny_cases")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
     assert passed == len(SMALL_SHAPES) * len(ROWS) * len(DTYPES) + 1, proc.stdout

@@ -4,17 +4,13 @@ on the CPU under Triton's interpreter over the small ones (in a child process)."
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from tests.kernels.verify_cases import CASES, HEADS
 
-ROOT = Path(__file__).resolve().parents[2]
+from .interpreter import run_interpreted
 
 
 @pytest.mark.gpu
@@ -32,10 +28,6 @@ def test_tree_verify_matches_reference_on_gpu(case, heads, dtype):
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernel is checked instead")
 def test_tree_verify_under_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.interpret_tree_verify"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = run_interpreted("tests.kernels.interpret_tree_verify")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") == 8, proc.stdout

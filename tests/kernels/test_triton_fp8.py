@@ -10,17 +10,13 @@ tables run compiled.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from .attention_cases import BATCHES, DTYPES, HEADS, compare_with_ref, make_batch
+from .interpreter import run_interpreted
 
-ROOT = Path(__file__).resolve().parents[2]
 FP8 = torch.float8_e4m3fn
 SCALES = {"scale1": (1.0, 1.0), "scaled": (0.05, 0.02)}
 needs_cuda = pytest.mark.skipif(
@@ -31,11 +27,7 @@ needs_cuda = pytest.mark.skipif(
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled tests below run instead")
 def test_triton_fp8_kernels_under_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run(
-        [sys.executable, "-m", "tests.kernels.interpret_attention", "--fp8"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = run_interpreted("tests.kernels.interpret_attention", "--fp8")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("ok ") == 16, proc.stdout
 
