@@ -90,8 +90,10 @@ class Scheduler:
         # Requests whose output grew by jump-forward: their new tokens are extended next prefill.
         self.jumped: list[Req] = []
         self._jump_pending: list[tuple[Req, int]] = []
-        # Requests whose prompt pass is launched but not processed (not in the tree yet).
-        self._prefilling: dict[int, Req] = {}
+        # Requests with a prompt pass launched and not processed (that part is not in the tree
+        # yet), with the number of such passes: with overlap, chunk k + 1 of a prompt is launched
+        # before chunk k is processed.
+        self._prefilling: dict[int, tuple[Req, int]] = {}
         self.ratio = NewTokenRatio(config.schedule_conservativeness)
         self.inflight: deque[tuple[ScheduledBatch, Future[ForwardOutput]]] = deque()
         self.release_after_inflight: list[Req] = []
@@ -247,11 +249,9 @@ class Scheduler:
 
     def _prompts_in_flight(self) -> list[Req]:
         """Requests whose prompt KV is still being computed, before this round's admissions: a
-        prefill pass launched and not processed, or running with no token processed yet (with
-        overlap, the pass holding the last chunk of a prompt can still be in flight after the
-        previous chunk was processed). Their prompt enters the tree once that pass is processed."""
-        pending = [r for r in self.running if not r.output_ids and not r.finished]
-        return [*self._prefilling.values(), *pending]
+        prefill pass launched and not processed. Their prompt enters the tree once the last such
+        pass is processed."""
+        return [req for req, _ in self._prefilling.values()]
 
     def _try_admit(self, req: Req, adder: PrefillAdder) -> AddResult:
         before = self.cache.available_size
@@ -456,7 +456,8 @@ class Scheduler:
                 req.pending_outputs += 1
                 req.future_ref = future
             if prefill_row:
-                self._prefilling[id(req)] = req
+                passes = self._prefilling.get(id(req), (req, 0))[1]
+                self._prefilling[id(req)] = (req, passes + 1)
             # A request whose prefill completes joins the running set now, so the next step
             # (which may be launched before this one is processed) already decodes it.
             if is_prefill and not discard and req not in self.running:
@@ -510,12 +511,17 @@ class Scheduler:
             if not req.finished:
                 self._append_token(req, token, None)
 
+    def _prefill_processed(self, req: Req) -> None:
+        _, passes = self._prefilling.pop(id(req), (req, 0))
+        if passes > 1:
+            self._prefilling[id(req)] = (req, passes - 1)
+
     def _process_rows(self, batch: ScheduledBatch, out: ForwardOutput, tokens: list[int]) -> None:
         """Each row's result: discarded rows, prefill rows entering the tree, logprobs, the drafter."""
         plain: list[tuple[int, int, Any]] = []  # (row, token, feature) of plain decode rows, for the drafter
         for i, req in enumerate(batch.reqs):
             if batch.prefill_row[i]:
-                self._prefilling.pop(id(req), None)
+                self._prefill_processed(req)
             lp = out.logprobs[i] if out.logprobs is not None else None
             if self.spec is not None:
                 self._follow_spec(batch, i, req, tokens[i], out, plain)
