@@ -112,8 +112,9 @@ def test_model_with_skinny_matches_without(shape: str, restore_skinny) -> None:
 def test_config_and_routing_table() -> None:
     """Block sizes are powers of two, the dot path gets 16+ columns, and the routing keeps the
     shapes where the GEMM library measured faster (wide weights at several rows) on the library."""
-    from phloem.runtime.layers.skinny_gemm import pick_config, skinny_wins
+    from phloem.runtime.layers.skinny_gemm import MAX_ROWS, pick_config, skinny_wins
 
+    assert SKINNY_MAX_ROWS == MAX_ROWS, "fusion.py routes by a copy of the kernel's row limit"
     for n, k in SHAPES:
         for rows in ROWS:
             cfg = pick_config(n, k, rows)
