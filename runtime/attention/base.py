@@ -12,7 +12,7 @@ where ``T`` is the number of new tokens in the batch (flat, requests back to bac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,21 @@ if TYPE_CHECKING:
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
     from phloem.runtime.executor.forward_io import ForwardInput
 
-__all__ = ["AttentionBackend"]
+__all__ = ["AttentionBackend", "QKNorm"]
+
+
+class QKNorm(NamedTuple):
+    """Per-head RMSNorm of q and k before RoPE (Qwen3): weights ``[head_dim]`` and epsilon."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+
+    def apply(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unfused norms: new ``q`` and ``k`` tensors."""
+        from phloem.runtime.layers.rmsnorm import rms_norm
+
+        return rms_norm(q, self.q_weight, self.eps), rms_norm(k, self.k_weight, self.eps)
 
 
 class AttentionBackend(ABC):
@@ -64,14 +78,18 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         layer: int,
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
+        qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
         """Attention of layer ``layer`` for the current batch; writes ``k``/``v`` at ``out_slots``.
         With ``cos_sin`` (RoPE tables of the batch's positions, ``[T, 1, D/2]`` each) ``q`` and
-        ``k`` are rotated here first, so a backend may fuse the rotation with the K/V write."""
+        ``k`` are rotated here first, so a backend may fuse the rotation with the K/V write; with
+        ``qk_norm`` they are normalized per head before that (fused with it where the backend can)."""
         if self.layer_ready is not None:
             self.layer_ready.wait(layer)  # this layer's loaded KV is in the pool before we read or write it
         if cos_sin is not None:
-            q, k = self.rotate(q, k, v, cos_sin, layer)
+            q, k = self.rotate(q, k, v, cos_sin, layer, qk_norm)
+        elif qk_norm is not None:
+            q, k = qk_norm.apply(q, k)
         if self.mode == ForwardMode.DECODE:
             return self.forward_decode(q, k, v, layer)
         if self.mode == ForwardMode.EXTEND:
@@ -87,11 +105,15 @@ class AttentionBackend(ABC):
         v: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         layer: int,
+        qk_norm: QKNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """RoPE on ``q`` and ``k`` (returns the rotated pair; they may be the inputs, rotated in
-        place). A backend that also writes ``k``/``v`` to the pool here must then skip that write."""
+        """RoPE on ``q`` and ``k``, after ``qk_norm`` if given (returns the rotated pair; they may
+        be the inputs, rotated in place). A backend that also writes ``k``/``v`` to the pool here
+        must then skip that write."""
         from phloem.runtime.layers.rotary import RotaryEmbedding
 
+        if qk_norm is not None:
+            q, k = qk_norm.apply(q, k)
         return RotaryEmbedding.apply(q, k, cos_sin)
 
     @abstractmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.attention.base import AttentionBackend, QKNorm
 from phloem.runtime.attention.triton_kernels import (
     decode_attention,
     decode_num_splits,
@@ -62,9 +62,11 @@ class TritonBackend(AttentionBackend):
         v: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         layer: int,
+        qk_norm: QKNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One kernel rotates q in place and writes rotated k and v to the pool (fp8 pools and the
-        torch reference path take the unfused route)."""
+        """One kernel (per-head norms first, with ``qk_norm``) rotates q in place and writes
+        rotated k and v to the pool (fp8 pools and the torch reference path take the unfused
+        route)."""
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         fusable = (
             self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
@@ -73,8 +75,8 @@ class TritonBackend(AttentionBackend):
             and all(x.stride(-1) == 1 for x in (q, k, v))
         )
         if not fusable:
-            return super().rotate(q, k, v, cos_sin, layer)
-        rope_store_(q, k, v, *cos_sin, k_buf, v_buf, self.out_slots)
+            return super().rotate(q, k, v, cos_sin, layer, qk_norm)
+        rope_store_(q, k, v, *cos_sin, k_buf, v_buf, self.out_slots, qk_norm=qk_norm)
         self._stored_layer = layer
         return q, k
 

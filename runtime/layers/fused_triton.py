@@ -17,6 +17,7 @@ reference rounds, so the two agree to rounding. What one call computes, as plain
 
     rope_ (in place; neox "rotate half" layout, D = head_dim, c = D // 2):
         for t, h in tokens x (q heads, then k heads):
+            (rope_store_ with qk_norm first: x[t, h] = rmsnorm(x[t, h], w_q or w_k).to(dtype))
             x1, x2 = x[t, h, :c], x[t, h, c:]
             x[t, h] = cat(x1 * cos[t] - x2 * sin[t], x2 * cos[t] + x1 * sin[t]).to(dtype)
 
@@ -71,16 +72,24 @@ def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, n_cols, BL
 
 @triton.jit
 def _rotate_heads(base, stride_h, dst, stride_dst_h, cos, sin, offs_d, d_mask, N_HEADS: tl.constexpr,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr):  # fmt: skip
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, w_ptr, eps, HAS_NORM: tl.constexpr):  # fmt: skip
     """Rotate heads ``0 .. N_HEADS`` of one token from ``base`` into ``dst`` (the same pointer:
-    in place); ``cos``/``sin``: ``[1, BLOCK_HALF]``."""
+    in place); ``cos``/``sin``: ``[1, BLOCK_HALF]``. With ``HAS_NORM`` each head is first
+    RMS-normalized with weight ``w_ptr`` ``[2 * HALF]`` and rounded to the dtype, as the separate
+    norm would store it."""
     offs_h = tl.arange(0, BLOCK_H)
     mask = (offs_h < N_HEADS)[:, None] & d_mask[None, :]
     lo = base + offs_h[:, None] * stride_h + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
     x1 = tl.load(lo, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(lo + HALF, mask=mask, other=0.0).to(tl.float32)
-    out = dst + offs_h[:, None] * stride_dst_h + offs_d[None, :]
     dtype = dst.dtype.element_ty
+    if HAS_NORM:
+        rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
+        x1 = (x1 * rstd * w1).to(dtype).to(tl.float32)
+        x2 = (x2 * rstd * w2).to(dtype).to(tl.float32)
+    out = dst + offs_h[:, None] * stride_dst_h + offs_d[None, :]
     tl.store(out, (x1 * cos - x2 * sin).to(dtype), mask=mask)
     tl.store(out + HALF, (x2 * cos + x1 * sin).to(dtype), mask=mask)
 
@@ -100,19 +109,23 @@ def _rope_kernel(
     sin = tl.load(sin_ptr + t * stride_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
     q = q_ptr + t * stride_qt
     k = k_ptr + t * stride_kt
-    _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ)
-    _rotate_heads(k, stride_kh, k, stride_kh, cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK)
+    _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ,
+                  q, 0.0, False)  # fmt: skip
+    _rotate_heads(k, stride_kh, k, stride_kh, cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK,
+                  k, 0.0, False)  # fmt: skip
 
 
 @triton.jit
 def _rope_store_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_buf_ptr, v_buf_ptr, slots_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
-    stride_kbt, stride_kbh, stride_vbt, stride_vbh,
+    stride_kbt, stride_kbh, stride_vbt, stride_vbh, qn_ptr, kn_ptr, eps,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
+    HAS_NORM: tl.constexpr,
 ):  # fmt: skip
-    # grid: (tokens,); q rotated in place, rotated k and v written to the token's KV slot
+    # grid: (tokens,); q (normalized per head with HAS_NORM, then) rotated in place, k likewise
+    # into the token's KV slot, v copied there
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -120,9 +133,10 @@ def _rope_store_kernel(
     cos = tl.load(cos_ptr + t * stride_cos + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(sin_ptr + t * stride_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
     q = q_ptr + t * stride_qt
-    _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ)
+    _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ,
+                  qn_ptr, eps, HAS_NORM)  # fmt: skip
     _rotate_heads(k_ptr + t * stride_kt, stride_kh, k_buf_ptr + slot * stride_kbt, stride_kbh,
-                  cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK)  # fmt: skip
+                  cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK, kn_ptr, eps, HAS_NORM)  # fmt: skip
     offs_h = tl.arange(0, BLOCK_HK)
     offs_v = tl.arange(0, BLOCK_D)
     mask = (offs_h < NUM_K_HEADS)[:, None] & (offs_v < HEAD_DIM)[None, :]
@@ -245,11 +259,16 @@ def rope_store_(
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
     slots: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
 ) -> torch.Tensor:
     """:func:`rope_` on ``q`` (in place, returned) with the K/V write of the layer folded in:
     ``k_buf[slots] = rope(k)`` and ``v_buf[slots] = v``, one launch instead of three (``k`` itself
     is left as it is). ``k_buf``, ``v_buf``: ``[num_slots, Hk, D]`` of ``k``'s dtype (not fp8);
-    ``slots``: ``[T]`` int64."""
+    ``slots``: ``[T]`` int64.
+
+    ``qk_norm``: ``(q_weight, k_weight, eps)``, each weight ``[D]``: a per-head RMSNorm of q and k
+    before the rotation (Qwen3), so ``q = rope(rmsnorm(q))`` and ``k_buf[slots] = rope(rmsnorm(k))``;
+    two norm launches and the copies of the strided q and k they would need are folded in too."""
     t, num_q, dim = q.shape
     num_k = k.shape[1]
     half = dim // 2
@@ -265,15 +284,19 @@ def rope_store_(
         raise ValueError("rope_store_ needs a contiguous last axis on every tensor")
     if cos.shape[0] != t or cos.shape[-1] != half or sin.shape != cos.shape or slots.shape != (t,):
         raise ValueError(f"cos/sin {tuple(cos.shape)} or slots {tuple(slots.shape)} do not match {t} tokens")
+    if qk_norm is not None and any(w.shape != (dim,) or w.stride(-1) != 1 for w in qk_norm[:2]):
+        raise ValueError(f"q/k norm weights must be contiguous [{dim}]")
     if t == 0:
         return q
+    q_w, k_w, eps = qk_norm if qk_norm is not None else (q, q, 0.0)  # unused pointers without a norm
     _rope_store_kernel[(t,)](
         q, k, v, cos, sin, k_buf, v_buf, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), sin.stride(0),
-        k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), q_w, k_w, eps,
         NUM_Q_HEADS=num_q, NUM_K_HEADS=num_k, HALF=half, HEAD_DIM=dim,
         BLOCK_HQ=triton.next_power_of_2(num_q), BLOCK_HK=triton.next_power_of_2(num_k),
-        BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim), num_warps=4,
+        BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
+        HAS_NORM=qk_norm is not None, num_warps=4,
     )  # fmt: skip
     return q

@@ -15,7 +15,7 @@ import torch
 from phloem.runtime.layers.fusion import use_fused
 from torch import nn
 
-__all__ = ["RMSNorm", "add_rms_norm_ref", "rms_norm_ref"]
+__all__ = ["RMSNorm", "add_rms_norm_ref", "rms_norm", "rms_norm_ref"]
 
 
 def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -25,6 +25,15 @@ def rms_norm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Ten
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return (h * weight.float()).to(x.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Normalize over the last axis: the fused kernel on CUDA, else the reference."""
+    if use_fused(x):
+        from phloem.runtime.layers import fused_triton
+
+        return fused_triton.rmsnorm(x, weight, eps)
+    return rms_norm_ref(x, weight, eps)
 
 
 def add_rms_norm_ref(
@@ -51,12 +60,10 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``norm(x)``; with ``residual``, ``(norm(x + residual), x + residual)``."""
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
         if use_fused(x):
             from phloem.runtime.layers import fused_triton
 
-            if residual is None:
-                return fused_triton.rmsnorm(x, self.weight, self.eps)
             return fused_triton.add_rmsnorm(x, residual, self.weight, self.eps)
-        if residual is None:
-            return rms_norm_ref(x, self.weight, self.eps)
         return add_rms_norm_ref(x, residual, self.weight, self.eps)

@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 
 import torch
-from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.attention.base import AttentionBackend, QKNorm
 from phloem.runtime.layers.activation import silu_and_mul
 from phloem.runtime.layers.embedding import LMHead, VocabEmbedding
 from phloem.runtime.layers.linear import Linear, MergedLinear
@@ -44,9 +44,10 @@ class LlamaAttention(nn.Module):
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        out = attn.forward(q, k, v, self.layer_id, cos_sin=rope)  # RoPE applied there  [T, Hq, D]
+        qk_norm = None
+        if self.q_norm is not None and self.k_norm is not None:  # applied with RoPE by the backend
+            qk_norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+        out = attn.forward(q, k, v, self.layer_id, cos_sin=rope, qk_norm=qk_norm)  # [T, Hq, D]
         return self.o_proj(out.reshape(t, -1))  # [T, Hq * D] -> [T, H]
 
 

@@ -126,10 +126,14 @@ def check_rope(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str
     return max(check_close("rope q", q, ref_q), check_close("rope k", k, ref_k))
 
 
-def check_rope_store(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int) -> float:
+def check_rope_store(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int, qk_norm: bool = False
+) -> float:
     """RoPE fused with the K/V write: q rotated in place, ``k_buf[slots] = rope(k)``,
-    ``v_buf[slots] = v``, every other pool row untouched (scattered, unordered slots)."""
+    ``v_buf[slots] = v``, every other pool row untouched (scattered, unordered slots). With
+    ``qk_norm``, a per-head RMSNorm of q and k (weights away from 1) comes first, as in Qwen3."""
     from phloem.runtime.layers import fused_triton
+    from phloem.runtime.layers.rmsnorm import rms_norm_ref
     from phloem.runtime.layers.rotary import RotaryEmbedding, rope_ref
 
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -144,11 +148,19 @@ def check_rope_store(shape: tuple[int, int, int, int], dtype: torch.dtype, devic
     slots = torch.randperm(num_slots, generator=gen, device=device)[:t]
     k_buf = torch.randn((num_slots, hk, dim), generator=gen, device=device).to(dtype)
     v_buf = torch.randn((num_slots, hk, dim), generator=gen, device=device).to(dtype)
-    ref_q, ref_k = rope_ref(q.clone(), k.clone(), cos_sin)
+    norm = None
+    ref_in_q, ref_in_k = q.clone(), k.clone()
+    if qk_norm:
+        eps = 1e-6
+        q_w = (1 + 0.3 * torch.randn(dim, generator=gen, device=device)).to(dtype)
+        k_w = (1 + 0.3 * torch.randn(dim, generator=gen, device=device)).to(dtype)
+        norm = (q_w, k_w, eps)
+        ref_in_q, ref_in_k = rms_norm_ref(ref_in_q, q_w, eps), rms_norm_ref(ref_in_k, k_w, eps)
+    ref_q, ref_k = rope_ref(ref_in_q, ref_in_k, cos_sin)
     ref_kb, ref_vb = k_buf.clone(), v_buf.clone()
     ref_kb[slots], ref_vb[slots] = ref_k, v
     k_before = k.clone()
-    out_q = fused_triton.rope_store_(q, k, v, *cos_sin, k_buf, v_buf, slots)
+    out_q = fused_triton.rope_store_(q, k, v, *cos_sin, k_buf, v_buf, slots, qk_norm=norm)
     assert out_q.data_ptr() == q.data_ptr(), "rope_store_ did not rotate q in place"
     assert torch.equal(k, k_before), "rope_store_ changed k"
     assert torch.equal(v_buf, ref_vb), "v rows differ from a plain scatter of v"
@@ -158,6 +170,12 @@ def check_rope_store(shape: tuple[int, int, int, int], dtype: torch.dtype, devic
     return max(check_close("rope_store q", q, ref_q), check_close("rope_store k", k_buf[slots], ref_k))
 
 
+def check_rope_store_qk_norm(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int
+) -> float:
+    return check_rope_store(shape, dtype, device, seed, qk_norm=True)
+
+
 def run_small(dtypes: dict[str, torch.dtype], device: str = "cpu") -> int:
     """Every small case in ``dtypes``; prints one line per case, returns the number of failures."""
     cases = [
@@ -165,6 +183,7 @@ def run_small(dtypes: dict[str, torch.dtype], device: str = "cpu") -> int:
         *(("silu_and_mul", check_silu_and_mul, s) for s in SMALL_SILU_SHAPES),
         *(("rope", check_rope, s) for s in SMALL_ROPE_SHAPES),
         *(("rope_store", check_rope_store, s) for s in SMALL_ROPE_SHAPES),
+        *(("rope_store+qk_norm", check_rope_store_qk_norm, s) for s in SMALL_ROPE_SHAPES),
     ]
     failures = 0
     for name, check, shape in cases:

@@ -30,6 +30,7 @@ from .fused_cases import (
     check_rmsnorm,
     check_rope,
     check_rope_store,
+    check_rope_store_qk_norm,
     check_silu_and_mul,
     rel_err,
 )
@@ -75,13 +76,22 @@ def test_rope_store_matches_ref(shape: tuple[int, int, int, int], dtype: str) ->
         check_rope_store(shape, DTYPES[dtype], "cuda", seed)
 
 
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=str)
+def test_rope_store_qk_norm_matches_ref(shape: tuple[int, int, int, int], dtype: str) -> None:
+    for seed in (0, 1):
+        check_rope_store_qk_norm(shape, DTYPES[dtype], "cuda", seed)
+
+
 # ---- kernels under the interpreter (CPU) ----------------------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
 def test_fused_kernels_under_interpreter() -> None:
     proc = run_interpreted("tests.kernels.fused_cases")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + 2 * len(SMALL_ROPE_SHAPES)
+    cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + 3 * len(SMALL_ROPE_SHAPES)
     passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
     assert passed == cases * len(DTYPES), proc.stdout
 
@@ -105,9 +115,9 @@ def layered_forward(runner: ModelRunner, fi: ForwardInput) -> torch.Tensor:
     return runner.model(fi.input_ids, fi.positions, runner.attn_backend)
 
 
-def make_runner(shape: str, dtype: str, device: str) -> ModelRunner:
+def make_runner(shape: str, dtype: str, device: str, backend: str = "torch_ref") -> ModelRunner:
     runner = ModelRunner(
-        ModelSource("dummy", shape), dtype=dtype, device=device, attention_backend="torch_ref",
+        ModelSource("dummy", shape), dtype=dtype, device=device, attention_backend=backend,
         max_total_tokens=512, max_running_requests=4, cpu_threads=1, cuda_graph_max_bs=0,
     )  # fmt: skip
     gen = torch.Generator().manual_seed(11)
@@ -168,8 +178,11 @@ def test_switch_leaves_cpu_on_the_reference(restore_switch) -> None:
 @requires_cuda
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3"])
-def test_model_fused_matches_unfused_cuda(shape: str, dtype: str, restore_switch) -> None:
-    runner = make_runner(shape, dtype, "cuda")
+@pytest.mark.parametrize("backend", ["torch_ref", "triton"])
+def test_model_fused_matches_unfused_cuda(shape: str, dtype: str, backend: str, restore_switch) -> None:
+    """With Triton attention the fused side also takes ``rope_store_`` (with Qwen3's q/k norms
+    folded in); the unfused side normalizes, rotates and writes the pool separately."""
+    runner = make_runner(shape, dtype, "cuda", backend)
     with torch.inference_mode():
         for fi in batches(runner):
             fi = fi.to("cuda")
