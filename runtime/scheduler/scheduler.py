@@ -22,6 +22,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
 from phloem.runtime.host_copy import to_device
 from phloem.runtime.sampling.stop import FinishReason
@@ -303,8 +304,8 @@ class Scheduler:
             return False
         req.req_pool_idx = row
         table = self.req_pool.req_to_token
-        table[row, : req.prefix_len] = to_device(req.match.slots[: req.prefix_len], table.device)
-        table[row, req.prefix_len : req.prefix_len + req.extend_len] = to_device(slots, table.device)
+        row_slots = torch.cat((req.match.slots[: req.prefix_len], slots)) if req.prefix_len else slots
+        table[row, : req.prefix_len + req.extend_len] = to_device(row_slots, table.device)  # one copy
         req.kv_len = req.prefix_len
         return True
 
