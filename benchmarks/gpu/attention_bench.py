@@ -15,6 +15,7 @@ Usage (in the repository root, on the GPU machine)::
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -185,6 +186,52 @@ def _sweep_layout(shape: str, bs: int, context: int, contiguous: bool) -> list[d
     return rows
 
 
+SPLITS = (1, 2, 3, 4, 6, 8, 12, 16)
+
+
+def sweep_splits(shape: str, batches: list[int], bandwidth: float) -> list[dict]:
+    """Decode kernel time per number of key-axis splits at each batch size, for contexts of 1,024
+    keys and for ragged contexts (uniform in [100, 2048], seeded: the offline workload's spread).
+    The default rule is :func:`decode_num_splits`; this shows what it leaves on the table."""
+    from phloem.runtime.attention.triton_kernels import decode_attention, decode_num_splits
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    hq, hk, d = SHAPES[shape]
+    rows = []
+    for bs in batches:
+        gen = torch.Generator().manual_seed(bs)
+        layouts = {
+            "uniform": [1024] * bs,
+            "ragged": torch.randint(100, 2049, (bs,), generator=gen).tolist(),
+        }
+        default = decode_num_splits(bs, hk, d)
+        for layout, ctx in layouts.items():
+            pool, rtt, fi, q, _, _ = _setup(shape, [c - 1 for c in ctx], [1] * bs, ForwardMode.DECODE)
+            k_buf, v_buf = pool.get_kv(0)
+            out = torch.empty_like(q)
+            floor_ms = sum(ctx) * hk * d * 2 * 2 / bandwidth * 1e3
+            case = []
+            for splits in sorted(set(SPLITS) | {default}):
+                part_o = torch.empty((bs, hq, splits, d), dtype=torch.float32, device="cuda")
+                part_lse = torch.empty((bs, hq, splits), dtype=torch.float32, device="cuda")
+                run = functools.partial(
+                    decode_attention, q, k_buf, v_buf, out, part_o, part_lse,
+                    req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
+                    seq_lens=fi.seq_lens, sm_scale=d**-0.5,
+                )  # fmt: skip
+                ms = do_bench(run, warmup=5, rep=30, return_mode="median")
+                case.append({"kind": "decode-splits", "shape": shape, "batch": bs, "layout": layout,
+                             "mean_context": round(sum(ctx) / bs), "splits": splits, "default_splits": default,
+                             "ms": round(ms, 4), "floor_ms": round(floor_ms, 4),
+                             "ratio": round(ms / floor_ms, 2)})  # fmt: skip
+            best = min(case, key=lambda r: r["ms"])
+            now = next(r for r in case if r["splits"] == default)
+            print(f"{shape} B={bs} {layout}: default S={default} x{now['ratio']}, "
+                  f"best S={best['splits']} x{best['ratio']}", flush=True)  # fmt: skip
+            rows += case
+    return rows
+
+
 def bench_extend(shape: str, prefix: int, extend: int, reqs: int, rate: float) -> list[dict]:
     from phloem.runtime.executor.forward_io import ForwardMode
 
@@ -211,7 +258,17 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=1024)
     ap.add_argument("--decode-sweep", metavar="SHAPE:BATCH:CONTEXT",
                     help="only sweep the decode kernel's settings for this case")  # fmt: skip
+    ap.add_argument("--split-sweep", metavar="SHAPE:B1,B2,...",
+                    help="only time the decode kernel per number of key splits at these batch sizes")  # fmt: skip
     args = ap.parse_args()
+    if args.split_sweep:
+        shape, batches = args.split_sweep.split(":")
+        rows = sweep_splits(shape, [int(b) for b in batches.split(",")], copy_bandwidth())
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "attention_bench --split-sweep", "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+                       "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
+                       "device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)  # fmt: skip
+        return 0
     if args.decode_sweep:
         shape, bs, ctx = args.decode_sweep.split(":")
         rows = sweep_decode(shape, int(bs), int(ctx), copy_bandwidth())

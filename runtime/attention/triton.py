@@ -47,7 +47,7 @@ class TritonBackend(AttentionBackend):
             self.block_req, self.block_m = extend_block_table(fi.extend_lens, fi.num_tokens)
 
     def _init_decode_scratch(self, batch: int, device: torch.device) -> None:
-        splits = decode_num_splits(batch, self.kv_pool.num_kv_heads)
+        splits = decode_num_splits(batch, self.kv_pool.num_kv_heads, self.kv_pool.head_dim)
         block_d = max(16, 1 << (self.kv_pool.head_dim - 1).bit_length())
         # Shared by every layer of this batch; each layer overwrites all of it.
         self.part_o = torch.empty(
