@@ -7,7 +7,9 @@
 The Scheduler and its collaborators are built exactly as the scheduler process builds them
 (``build_scheduler``), then driven by ``step()`` here, so one profile covers the scheduler's host
 work, the worker, the model and (with ``--spec``) drafting and verification. Three runs over the
-same decode-only window (every request admitted and prefilled first):
+same window: decode only (every request admitted and prefilled first), or with ``--window prefill``
+the prefill of the whole batch (every request admitted at once, stepped until each has its first
+token). ``--min-input-len`` draws ragged prompt lengths, as in the offline workload:
 
 - timing: wall and CPU time (``time.thread_time`` of the scheduler thread) per ``step()``;
 - ``cProfile``: the host functions with the most cumulative time (``--cprofile``);
@@ -25,6 +27,7 @@ import io
 import json
 import os
 import pstats
+import random
 import time
 from typing import Any
 
@@ -63,7 +66,11 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
 NOTE_SCHEMA = '{"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}'
 
 
-def make_reqs(rt: Any, batch: int, input_len: int, max_new: int, tag: str, schema: bool = False) -> list[Any]:
+def make_reqs(
+    rt: Any, batch: int, input_len: int, max_new: int, tag: str, schema: bool = False, min_len: int = 0
+) -> list[Any]:
+    """``batch`` greedy requests; prompts of ``input_len`` tokens, or with ``min_len`` lengths drawn
+    uniformly from ``[min_len, input_len]`` (seeded: the same lengths in every window)."""
     from phloem.runtime.sampling.params import SamplingParams
     from phloem.runtime.sampling.stop import StopChecker
     from phloem.runtime.scheduler.req import Req
@@ -71,12 +78,14 @@ def make_reqs(rt: Any, batch: int, input_len: int, max_new: int, tag: str, schem
 
     prompts = read_prompts(DEFAULT_PROMPTS)
     vocab = rt.runner.vocab_size
+    lengths = random.Random(0).choices(range(min_len, input_len + 1), k=batch) if min_len else None
     reqs = []
     for i in range(batch):
         text = rt.tokenizer.apply_chat_template([{"role": "user", "content": prompts[i % len(prompts)]}])
         ids = [t % vocab for t in rt.tokenizer.encode(text)]  # a tiny test shape has a small vocab
-        if input_len:
-            ids = (ids * (input_len // max(len(ids), 1) + 1))[:input_len]
+        want = lengths[i] if lengths else input_len
+        if want:
+            ids = (ids * (want // max(len(ids), 1) + 1))[:want]
         params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True,
                                 json_schema=NOTE_SCHEMA if schema else None)  # fmt: skip
         reqs.append(Req(rid=f"{tag}{i}", origin_input_ids=ids, params=params,
@@ -89,6 +98,26 @@ def prefill_all(s: Any, reqs: list[Any]) -> None:
         s.add_request(r)
     while any(not r.output_ids for r in reqs):
         s.step()
+
+
+def drive_prefill(s: Any, reqs: list[Any]) -> dict[str, Any]:
+    """Admit every request and step until each has its first token: the prefill window."""
+    for r in reqs:
+        s.add_request(r)
+    t0 = time.perf_counter()
+    steps = 0
+    while any(not r.output_ids for r in reqs):
+        s.step()
+        steps += 1
+    total = time.perf_counter() - t0
+    tokens = sum(len(r.origin_input_ids) for r in reqs)
+    return {"steps": steps, "seconds": total, "prompt_tokens": tokens, "prompt_tok_s": tokens / total}
+
+
+def finish(s: Any, reqs: list[Any]) -> None:
+    while not all(r.finished for r in reqs):
+        s.step()
+    s.drain()
 
 
 def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
@@ -161,6 +190,14 @@ def main() -> None:
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--input-len", type=int, default=0, help="0: the prompt as tokenized")
+    p.add_argument(
+        "--min-input-len",
+        type=int,
+        default=0,
+        help="draw prompt lengths uniformly from [this, --input-len] (ragged contexts)",
+    )
+    p.add_argument("--window", choices=["decode", "prefill"], default="decode",
+                   help="what the timed and profiled windows cover")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--no-cuda-graph", action="store_true")
@@ -182,26 +219,36 @@ def main() -> None:
     result: dict[str, Any] = {
         "command": "python3 benchmarks/gpu/step_profile.py " + " ".join(os.sys.argv[1:])
     }
+
+    def reqs_for(tag: str) -> list[Any]:
+        return make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, tag, args.json_schema,
+                         args.min_input_len)  # fmt: skip
+
+    def window(reqs: list[Any]) -> dict[str, Any]:
+        """Time the chosen window over fresh requests; the rest of their life runs outside it."""
+        if args.window == "prefill":
+            timing = drive_prefill(s, reqs)
+            finish(s, reqs)
+            s.flush_cache()  # each window prefills its prompts from scratch
+            return timing
+        prefill_all(s, reqs)
+        return drive(s, reqs)
+
     # warm-up: the timed window itself, once, so kernels compiled and graphs captured on first use
     # (EAGLE's draft graphs, per batch and key width) fall outside it
-    warm = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "warm", args.json_schema)
-    prefill_all(s, warm)
-    drive(s, warm)
+    window(reqs_for("warm"))
     s.flush_cache()  # the timed prompts prefill again (a cached prompt would start EAGLE's draft late)
 
-    reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "t", args.json_schema)
-    prefill_all(s, reqs)
-    result["timing"] = drive(s, reqs)
+    result["timing"] = window(reqs_for("t"))
     if s.spec is not None:
         result["timing"]["accept_length"] = s.spec.mean_accept_length
     print(json.dumps(result["timing"]), flush=True)
 
     if args.cprofile:
-        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "c", args.json_schema)
-        prefill_all(s, reqs)
+        reqs = reqs_for("c")
         prof = cProfile.Profile()
         prof.enable()
-        result["cprofile_timing"] = drive(s, reqs)
+        result["cprofile_timing"] = window(reqs)
         prof.disable()
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
@@ -214,12 +261,18 @@ def main() -> None:
     if not args.no_torch_profile and args.device == "cuda":
         from torch.profiler import ProfilerActivity, profile
 
-        reqs = make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, "p", args.json_schema)
-        prefill_all(s, reqs)
+        reqs = reqs_for("p")
+        if args.window == "decode":
+            prefill_all(s, reqs)
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
-            result["profiled_timing"] = drive(s, reqs)
+            if args.window == "decode":
+                result["profiled_timing"] = drive(s, reqs)
+            else:
+                result["profiled_timing"] = drive_prefill(s, reqs)
             torch.cuda.synchronize()
+        if args.window == "prefill":
+            finish(s, reqs)
         trace = os.path.splitext(args.out)[0] + ".trace.json"
         tp.export_chrome_trace(trace)
         result["gpu"] = gpu_busy(trace)
