@@ -232,6 +232,50 @@ def sweep_splits(shape: str, batches: list[int], bandwidth: float) -> list[dict]
     return rows
 
 
+def sweep_extend(shape: str, rate: float) -> list[dict]:
+    """Every (query block, key block, warps, stages) of the extend kernel on one prefill chunk
+    like the offline workload's: 16 prompts of 100-1,000 tokens (seeded), no cached prefix."""
+    from phloem.runtime.attention.triton_kernels import extend_attention, extend_block_table
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    hq, _, d = SHAPES[shape]
+    gen = torch.Generator().manual_seed(0)
+    ext = torch.randint(100, 1001, (16,), generator=gen).tolist()
+    pool, rtt, fi, q, k, v = _setup(shape, [0] * len(ext), ext, ForwardMode.EXTEND)
+    tri = _backend("triton", pool, rtt, fi, hq)
+    ref = tri.forward_extend(q, k, v, 0)  # default settings; writes the new K/V
+    k_buf, v_buf = pool.get_kv(0)
+    out = torch.empty_like(q)
+    pairs = sum(e * (e + 1) // 2 for e in ext)
+    floor_ms = 4 * pairs * hq * d / rate * 1e3
+    rows = []
+    for block_m in (64, 128):
+        block_req, block_idx = extend_block_table(fi.extend_lens, fi.num_tokens, block_m)
+        for block_n in (32, 64, 128):
+            for warps in (4, 8):
+                for stages in (1, 2, 3):
+                    run = functools.partial(
+                        extend_attention, q, k_buf, v_buf, out,
+                        req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
+                        prefix_lens=fi.prefix_lens, extend_lens=fi.extend_lens, q_start=tri.q_start,
+                        block_req=block_req, block_m=block_idx, sm_scale=d**-0.5, block_size_m=block_m,
+                        block_n=block_n, num_warps=warps, num_stages=stages,
+                    )  # fmt: skip
+                    try:
+                        ms = do_bench(run, warmup=5, rep=30, return_mode="median")
+                    except Exception as exc:  # out of resources for this tile
+                        print(f"skip {block_m}/{block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
+                        continue
+                    rows.append({"kind": "extend-sweep", "shape": shape, "tokens": sum(ext), "block_m": block_m,
+                                 "block_n": block_n, "warps": warps, "stages": stages, "ms": round(ms, 4),
+                                 "floor_ms": round(floor_ms, 4), "ratio": round(ms / floor_ms, 2),
+                                 "tflops": round(4 * pairs * hq * d / ms / 1e9, 1),
+                                 "max_diff_vs_default": float((out.float() - ref.float()).abs().max())})  # fmt: skip
+    for r in sorted(rows, key=lambda r: r["ms"])[:5]:
+        print(json.dumps(r), flush=True)
+    return rows
+
+
 def bench_extend(shape: str, prefix: int, extend: int, reqs: int, rate: float) -> list[dict]:
     from phloem.runtime.executor.forward_io import ForwardMode
 
@@ -260,7 +304,16 @@ def main() -> int:
                     help="only sweep the decode kernel's settings for this case")  # fmt: skip
     ap.add_argument("--split-sweep", metavar="SHAPE:B1,B2,...",
                     help="only time the decode kernel per number of key splits at these batch sizes")  # fmt: skip
+    ap.add_argument("--extend-sweep", metavar="SHAPE",
+                    help="only sweep the extend kernel's settings on one prefill chunk of this shape")  # fmt: skip
     args = ap.parse_args()
+    if args.extend_sweep:
+        rows = sweep_extend(args.extend_sweep, matmul_rate())
+        with open(args.out, "w") as f:
+            json.dump({"benchmark": "attention_bench --extend-sweep", "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+                       "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
+                       "device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)  # fmt: skip
+        return 0
     if args.split_sweep:
         shape, batches = args.split_sweep.split(":")
         rows = sweep_splits(shape, [int(b) for b in batches.split(",")], copy_bandwidth())

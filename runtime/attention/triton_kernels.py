@@ -225,14 +225,17 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def extend_block_table(extend_lens: torch.Tensor, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+def extend_block_table(
+    extend_lens: torch.Tensor, num_tokens: int, block_m: int = EXTEND_BLOCK_M
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Map every program of the extend grid to ``(request, query block)`` on the device, no sync.
 
     The grid has ``cdiv(num_tokens, BLOCK_M) + batch`` programs, an upper bound on
     ``sum_r cdiv(extend_lens[r], BLOCK_M)``; spare programs get request ``-1`` and exit at once.
+    ``block_m`` must be the ``BLOCK_M`` the kernel is launched with.
     """
-    cap = triton.cdiv(num_tokens, EXTEND_BLOCK_M) + extend_lens.shape[0]
-    blocks = (extend_lens + EXTEND_BLOCK_M - 1) // EXTEND_BLOCK_M  # [B]
+    cap = triton.cdiv(num_tokens, block_m) + extend_lens.shape[0]
+    blocks = (extend_lens + block_m - 1) // block_m  # [B]
     ends = torch.cumsum(blocks, 0)  # [B] inclusive
     j = torch.arange(cap, device=extend_lens.device)
     req = torch.searchsorted(ends, j, right=True)  # [cap] request owning program j
@@ -258,17 +261,24 @@ def extend_attention(
     sm_scale: float,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    block_size_m: int = EXTEND_BLOCK_M,
+    block_n: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
 ) -> torch.Tensor:
     """Causal attention of ragged new tokens over their paged rows; fills ``out`` ``[T, Hq, D]``.
 
     The new tokens' K/V must already be in ``k_buf``/``v_buf`` at their slots. ``k_scale``,
     ``v_scale``: dequantization scales of an fp8 pool (``KVPool.get_kv_scales``).
+    ``block_size_m`` (queries per program: the one ``block_req`` / ``block_m`` were built for by
+    :func:`extend_block_table`), ``block_n``, ``num_warps``, ``num_stages``: tuning knobs
+    (``attention_bench.py --extend-sweep``).
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_buf.shape[1]
     fp32 = q.dtype == torch.float32
     block_d = _block_d(head_dim)
-    block_n = 32 if (fp32 or block_d > 64) else 64
+    block_n = block_n or (32 if (fp32 or block_d > 64) else 64)
     grid = (block_req.shape[0], num_q_heads)
     _extend_kernel[grid](
         q, k_buf, v_buf, out,
@@ -278,8 +288,8 @@ def extend_attention(
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         sm_scale, k_scale, v_scale,
         GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=block_n, FP32_DOT=fp32,
-        num_warps=4, num_stages=2,
+        BLOCK_M=block_size_m, BLOCK_N=block_n, FP32_DOT=fp32,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out
 
