@@ -21,6 +21,11 @@ __all__ = ["pack_to_device", "to_device"]
 # Host tensors at least this large and already pinned are copied on their own (packing would
 # add a host copy of them).
 _PACK_LIMIT = 1 << 16
+# Every packed tensor starts at a multiple of this many bytes. Triton compiles a kernel once per
+# pattern of 16-byte-aligned pointer arguments: a view at an odd int64 offset (it depends on the
+# sizes packed before it, so on the batch) would make a kernel compile again mid-run.
+PACK_ALIGN_BYTES = 16
+_ZEROS: dict[torch.dtype, torch.Tensor] = {}  # padding between packed parts, one per dtype
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -56,12 +61,38 @@ def pack_to_device(tensors: Sequence[torch.Tensor | None], device: torch.device)
         groups.setdefault(t.dtype, []).append(i)
     for dtype, idx in groups.items():
         parts = [tensors[i].reshape(-1) for i in idx]  # type: ignore[union-attr]
-        staging = torch.empty(sum(p.numel() for p in parts), dtype=dtype, pin_memory=True)
-        torch.cat(parts, out=staging)
-        flat = staging.to(device, non_blocking=True)
-        offset = 0
-        for i, p in zip(idx, parts):
-            shape = tensors[i].shape  # type: ignore[union-attr]
-            out[i] = flat[offset : offset + p.numel()].view(shape)
-            offset += p.numel()
+        sizes = [p.numel() for p in parts]
+        offsets, total = pack_layout(sizes, dtype.itemsize)
+        staging = torch.empty(total, dtype=dtype, pin_memory=True)
+        torch.cat(_with_padding(parts, offsets, total, dtype), out=staging)
+        flat = staging.to(device, non_blocking=True)  # a fresh allocation: aligned
+        for i, off, n in zip(idx, offsets, sizes):
+            out[i] = flat[off : off + n].view(tensors[i].shape)  # type: ignore[union-attr]
+    return out
+
+
+def pack_layout(sizes: Sequence[int], itemsize: int) -> tuple[list[int], int]:
+    """Element offsets of parts of ``sizes`` elements packed back to back, each starting at a
+    multiple of :data:`PACK_ALIGN_BYTES`; and the total length including the padding."""
+    step = max(1, PACK_ALIGN_BYTES // itemsize)
+    offsets, total = [], 0
+    for n in sizes:
+        offsets.append(total)
+        total += -(-n // step) * step
+    return offsets, total
+
+
+def _with_padding(
+    parts: Sequence[torch.Tensor], offsets: Sequence[int], total: int, dtype: torch.dtype
+) -> list[torch.Tensor]:
+    """``parts`` interleaved with the zero runs that put each at its offset (one ``cat``)."""
+    zeros = _ZEROS.get(dtype)
+    if zeros is None:
+        zeros = _ZEROS[dtype] = torch.zeros(max(1, PACK_ALIGN_BYTES // dtype.itemsize), dtype=dtype)
+    out = []
+    ends = [*offsets[1:], total]
+    for p, off, end in zip(parts, offsets, ends):
+        out.append(p)
+        if end - off - p.numel():
+            out.append(zeros[: end - off - p.numel()])
     return out

@@ -7,7 +7,7 @@ import pytest
 import torch
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest
 from phloem.runtime.executor.model_runner import greedy_sampling_info
-from phloem.runtime.host_copy import pack_to_device, to_device
+from phloem.runtime.host_copy import PACK_ALIGN_BYTES, _with_padding, pack_layout, pack_to_device, to_device
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -84,7 +84,32 @@ def test_cuda_pack_values_shapes_and_views() -> None:
     # the int64 tensors share one device buffer (one copy)
     i64 = [o for o, a in zip(out, src) if a is not None and a.dtype == torch.int64 and a.numel()]
     assert i64[0].untyped_storage().data_ptr() == i64[1].untyped_storage().data_ptr()
+    # every packed view starts 16-byte aligned, whatever was packed before it (Triton specializes)
+    assert all(o.data_ptr() % PACK_ALIGN_BYTES == 0 for o in out if o is not None and o.numel())
     _same(_fi(), _fi().to(dev))
+
+
+@pytest.mark.parametrize("itemsize", [1, 2, 4, 8])
+def test_pack_layout_aligns_every_part(itemsize: int) -> None:
+    sizes = [7, 0, 1, 3, 16, 5, 2]
+    offsets, total = pack_layout(sizes, itemsize)
+    step = max(1, PACK_ALIGN_BYTES // itemsize)
+    assert all(off * itemsize % PACK_ALIGN_BYTES == 0 for off in offsets)
+    ends = [off + n for off, n in zip(offsets, sizes)]
+    assert all(end <= nxt for end, nxt in zip(ends, offsets[1:]))  # no overlap, in order
+    assert all(nxt - end < step for end, nxt in zip(ends, [*offsets[1:], total]))  # padding < one step
+    assert total >= ends[-1]
+
+
+def test_padded_staging_holds_each_part_at_its_offset() -> None:
+    g = torch.Generator().manual_seed(1)
+    for dtype in (torch.int64, torch.int32, torch.float32, torch.bool):
+        parts = [torch.randint(0, 2, (n,), generator=g).to(dtype) for n in (5, 1, 0, 9, 3)]
+        offsets, total = pack_layout([p.numel() for p in parts], dtype.itemsize)
+        staging = torch.cat(_with_padding(parts, offsets, total, dtype))
+        assert staging.numel() == total
+        for p, off in zip(parts, offsets):
+            assert torch.equal(staging[off : off + p.numel()], p)
 
 
 @pytest.mark.gpu
