@@ -296,6 +296,14 @@ def bench_extend(shape: str, prefix: int, extend: int, reqs: int, rate: float) -
     return rows
 
 
+def _write_sweep(path: str, flag: str, rows: list[dict]) -> int:
+    with open(path, "w") as f:
+        json.dump({"benchmark": f"attention_bench {flag}", "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
+                   "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
+                   "device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)  # fmt: skip
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -308,28 +316,16 @@ def main() -> int:
                     help="only sweep the extend kernel's settings on one prefill chunk of this shape")  # fmt: skip
     args = ap.parse_args()
     if args.extend_sweep:
-        rows = sweep_extend(args.extend_sweep, matmul_rate())
-        with open(args.out, "w") as f:
-            json.dump({"benchmark": "attention_bench --extend-sweep", "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
-                       "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
-                       "device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)  # fmt: skip
-        return 0
+        return _write_sweep(args.out, "--extend-sweep", sweep_extend(args.extend_sweep, matmul_rate()))
     if args.split_sweep:
         shape, batches = args.split_sweep.split(":")
         rows = sweep_splits(shape, [int(b) for b in batches.split(",")], copy_bandwidth())
-        with open(args.out, "w") as f:
-            json.dump({"benchmark": "attention_bench --split-sweep", "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
-                       "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
-                       "device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)  # fmt: skip
-        return 0
+        return _write_sweep(args.out, "--split-sweep", rows)
     if args.decode_sweep:
         shape, bs, ctx = args.decode_sweep.split(":")
-        rows = sweep_decode(shape, int(bs), int(ctx), copy_bandwidth())
-        with open(args.out, "w") as f:
-            json.dump({"benchmark": "attention_bench --decode-sweep", "git_commit": os.environ.get("GIT_COMMIT", "unknown"),
-                       "command": "python3 -m benchmarks.gpu.attention_bench " + " ".join(sys.argv[1:]),
-                       "device": torch.cuda.get_device_name(), "results": rows}, f, indent=1)  # fmt: skip
-        return 0
+        return _write_sweep(
+            args.out, "--decode-sweep", sweep_decode(shape, int(bs), int(ctx), copy_bandwidth())
+        )
     bandwidth, rate = copy_bandwidth(), matmul_rate()
     print(f"copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     rows = []

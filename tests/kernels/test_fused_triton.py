@@ -30,7 +30,6 @@ from .fused_cases import (
     check_rmsnorm,
     check_rope,
     check_rope_store,
-    check_rope_store_qk_norm,
     check_silu_and_mul,
     rel_err,
 )
@@ -71,18 +70,10 @@ def test_rope_matches_ref(shape: tuple[int, int, int, int], dtype: str) -> None:
 @requires_cuda
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("shape", ROPE_SHAPES, ids=str)
-def test_rope_store_matches_ref(shape: tuple[int, int, int, int], dtype: str) -> None:
+@pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
+def test_rope_store_matches_ref(shape: tuple[int, int, int, int], dtype: str, qk_norm: bool) -> None:
     for seed in (0, 1):
-        check_rope_store(shape, DTYPES[dtype], "cuda", seed)
-
-
-@pytest.mark.gpu
-@requires_cuda
-@pytest.mark.parametrize("dtype", sorted(DTYPES))
-@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=str)
-def test_rope_store_qk_norm_matches_ref(shape: tuple[int, int, int, int], dtype: str) -> None:
-    for seed in (0, 1):
-        check_rope_store_qk_norm(shape, DTYPES[dtype], "cuda", seed)
+        check_rope_store(shape, DTYPES[dtype], "cuda", seed, qk_norm=qk_norm)
 
 
 # ---- kernels under the interpreter (CPU) ----------------------------------------------------------
