@@ -294,7 +294,7 @@ def extend_attention(
     return out
 
 
-def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int = 128) -> int:
+def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int) -> int:
     """Key-axis splits per (request, KV head): enough programs to fill the chip, at most 16.
 
     Depends on shapes only, so a captured graph keeps the same value on replay. Heads of 128 and
