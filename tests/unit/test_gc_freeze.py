@@ -17,7 +17,9 @@ def test_freeze_moves_live_objects_out_and_later_cycles_are_still_collected() ->
     before = Node()
     try:
         frozen = freeze_startup_heap()
-        assert frozen == gc.get_freeze_count() > 0
+        # frozen objects can still be freed by reference counting (other threads of the test
+        # process drop theirs at any time), never added to: the count only shrinks after the call
+        assert 0 < gc.get_freeze_count() <= frozen
         assert gc.is_tracked(before)
         later = Node()
         ref = weakref.ref(later)
