@@ -11,6 +11,11 @@ kernels are tested against). The switch is for A/B measurement and debugging:
 Projections of at most 16 rows (decode, verify, drafting) take the skinny matmul kernel of
 :mod:`phloem.runtime.layers.skinny_gemm` on CUDA in 16-bit dtypes; ``PHLOEM_DISABLE_SKINNY_GEMM=1``
 or :func:`set_skinny_gemm` sends them back to the GEMM library (``F.linear``), their oracle.
+
+A one-row decoder layer (batch-1 decode) also folds each RMSNorm into the projection after it, and
+SiLU x mul into the MLP's gate/up projection (:mod:`phloem.runtime.layers.row_fused`), wherever that
+projection takes the skinny kernel; ``PHLOEM_DISABLE_ROW_FUSION=1`` or :func:`set_row_fusion`
+keeps the separate kernels.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import torch
 __all__ = [
     "fused_kernels_enabled",
     "set_fused_kernels",
+    "set_row_fusion",
     "set_skinny_gemm",
     "skinny_gemm_enabled",
     "use_fused",
+    "use_row_fusion",
     "use_skinny",
 ]
 
@@ -92,3 +99,32 @@ def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
     n, k = weight.shape
     return skinny_wins(n, k, x.numel() // max(k, 1))
+
+
+# ---- one-row layers with the norm folded in (runtime/layers/row_fused.py) ------------------------
+ENV_DISABLE_ROW_FUSION = "PHLOEM_DISABLE_ROW_FUSION"
+_row_fusion: bool | None = None
+
+
+def set_row_fusion(enabled: bool) -> None:
+    """Fold norms (and SiLU x mul) into one-row projections (on) or not, before the model runner
+    is built (a captured graph keeps the path in force at capture)."""
+    global _row_fusion
+    _row_fusion = bool(enabled)
+
+
+def use_row_fusion(x: torch.Tensor, linear: torch.nn.Module) -> bool:
+    """Whether the norm before ``linear`` (a :class:`~phloem.runtime.layers.linear.Linear`) folds
+    into it for input ``x``: one row, a float weight that takes the skinny kernel, the switch on."""
+    if _row_fusion is None:
+        set_row_fusion(os.environ.get(ENV_DISABLE_ROW_FUSION) != "1")
+    weight = getattr(linear, "weight", None)
+    return bool(
+        _row_fusion
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and weight is not None
+        and getattr(linear, "quant", None) is None
+        and not getattr(linear, "row_tile", 0)
+        and use_skinny(x, weight)
+    )

@@ -14,6 +14,7 @@ import torch
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
 from phloem.runtime.layers.activation import silu_and_mul
 from phloem.runtime.layers.embedding import LMHead, VocabEmbedding
+from phloem.runtime.layers.fusion import use_row_fusion
 from phloem.runtime.layers.linear import Linear, MergedLinear
 from phloem.runtime.layers.rmsnorm import RMSNorm
 from phloem.runtime.layers.rotary import RotaryEmbedding
@@ -39,8 +40,12 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
     def forward(self, rope: Rope, x: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
-        t = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        return self.attend(rope, self.qkv_proj(x), attn)
+
+    def attend(self, rope: Rope, qkv: torch.Tensor, attn: AttentionBackend) -> torch.Tensor:
+        """Attention and the output projection, from the stacked q/k/v projection ``[T, q+k+v]``."""
+        t = qkv.shape[0]
+        q, k, v = qkv.split(self.split, dim=-1)
         q = q.view(t, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(t, self.num_kv_heads, self.head_dim)  # [T, Hk, D]
         v = v.view(t, self.num_kv_heads, self.head_dim)
@@ -80,8 +85,11 @@ class LlamaDecoderLayer(nn.Module):
             h = h + mlp(norm(h))
 
         The last add is left to the next norm (which fuses it on CUDA): returns the MLP output
-        and the residual, whose sum is the block's output.
+        and the residual, whose sum is the block's output. One row on CUDA (batch-1 decode): each
+        norm runs inside the projection after it, SiLU x mul inside gate/up (``row_fused``).
         """
+        if use_row_fusion(x, self.self_attn.qkv_proj):
+            return self._forward_row(rope, x, residual, attn)
         if residual is None:
             residual, x = x, self.input_layernorm(x)
         else:
@@ -89,6 +97,23 @@ class LlamaDecoderLayer(nn.Module):
         x = self.self_attn(rope, x, attn)
         x, residual = self.post_attention_layernorm(x, residual)
         return self.mlp(x), residual
+
+    def _forward_row(
+        self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None, attn: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`forward` in four launches plus attention: norm + qkv, attention, o, norm +
+        gate/up + SiLU x mul, down."""
+        from phloem.runtime.layers.row_fused import norm_linear_row
+
+        qkv_proj, gate_up = self.self_attn.qkv_proj, self.mlp.gate_up_proj
+        n1, n2 = self.input_layernorm, self.post_attention_layernorm
+        qkv, residual = norm_linear_row(x, residual, n1.weight, n1.eps, qkv_proj.weight, qkv_proj.bias)
+        x = self.self_attn.attend(rope, qkv, attn)
+        if not use_row_fusion(x, gate_up):
+            x, residual = n2(x, residual)
+            return self.mlp(x), residual
+        act, residual = norm_linear_row(x, residual, n2.weight, n2.eps, gate_up.weight, glu=True)
+        return self.mlp.down_proj(act), residual
 
 
 class LlamaModel(nn.Module):

@@ -1,0 +1,103 @@
+"""The one-row norm + projection kernel (``runtime/layers/row_fused.py``) and the decoder layer
+that routes batch-1 decode through it.
+
+- CUDA: the SmolLM2-135M and Llama-3-8B projection shapes in every variant (first layer, residual,
+  bias, gate/up with SiLU x mul), both 16-bit dtypes; a tiny model's one-row decode with the
+  folding on vs off.
+- CPU: the small cases under Triton's interpreter (a child process, ``row_fused_cases.py``) and the
+  routing rule.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from phloem.runtime.executor.model_runner import DirectBatcher
+from phloem.runtime.layers.fusion import set_row_fusion, set_skinny_gemm, skinny_gemm_enabled, use_row_fusion
+
+from .fused_cases import REL_TOL, rel_err
+from .interpreter import run_interpreted
+from .row_fused_cases import DTYPES, SHAPES, SMALL_SHAPES, VARIANTS, check_norm_linear, check_rejects
+from .test_fused_triton import layered_forward, make_runner
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.fixture
+def restore_switches():
+    skinny = skinny_gemm_enabled()
+    yield
+    set_skinny_gemm(skinny)
+    set_row_fusion(True)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("variant", VARIANTS, ids=["first", "residual", "bias", "glu"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_norm_linear_matches_ref(
+    shape: tuple[int, int], variant: tuple[bool, bool, bool], dtype: str
+) -> None:
+    for seed in (0, 1):
+        check_norm_linear(shape, DTYPES[dtype], "cuda", seed, variant)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_norm_linear_rejects_bad_calls_cuda() -> None:
+    check_rejects("cuda")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernel is tested instead")
+def test_norm_linear_under_interpreter() -> None:
+    proc = run_interpreted("tests.kernels.row_fused_cases")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
+    assert passed == len(SMALL_SHAPES) * len(VARIANTS) * len(DTYPES) + 1, proc.stdout
+
+
+def test_routing_rule(restore_switches) -> None:
+    from phloem.runtime.layers.linear import Linear
+
+    layer = Linear(32, 8).to(torch.bfloat16)
+    set_row_fusion(True)
+    assert not use_row_fusion(torch.zeros(1, 32, dtype=torch.bfloat16), layer), "CPU stays unfused"
+    if torch.cuda.is_available() and skinny_gemm_enabled():
+        layer = layer.cuda()
+        one = torch.zeros(1, 32, dtype=torch.bfloat16, device="cuda")
+        assert use_row_fusion(one, layer)
+        assert not use_row_fusion(torch.zeros(2, 32, dtype=torch.bfloat16, device="cuda"), layer)
+        layer.row_tile = 16  # deterministic mode keeps its own matmul
+        assert not use_row_fusion(one, layer)
+        layer.row_tile = 0
+        set_row_fusion(False)
+        assert not use_row_fusion(one, layer)
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3"])
+def test_one_row_decode_with_folding_matches_without(shape: str, restore_switches) -> None:
+    """A prompt, then one decode step of its single row: hidden states and logits agree with the
+    separate norm, matmul and SiLU kernels (the skinny kernel on in both)."""
+    runner = make_runner(shape, "bfloat16", "cuda")
+    batcher = DirectBatcher(runner)
+    seq = batcher.new_sequence()
+    gen = torch.Generator().manual_seed(3)
+    prompt = torch.randint(0, runner.vocab_size, (7,), generator=gen).tolist()
+    set_skinny_gemm(True)
+    with torch.inference_mode():
+        runner.forward(batcher.build({seq: prompt}))
+        fi = batcher.build({seq: [prompt[-1]]}, decode=True).to("cuda")
+        assert fi.num_tokens == 1
+        set_row_fusion(False)
+        h_off = layered_forward(runner, fi).clone()
+        set_row_fusion(True)
+        h_on = layered_forward(runner, fi)
+        assert rel_err(h_on, h_off) <= 4 * REL_TOL[torch.bfloat16]
+        err = rel_err(runner.model.compute_logits(h_on), runner.model.compute_logits(h_off))
+        assert err <= 4 * REL_TOL[torch.bfloat16], f"logits rel err {err:.2e}"
