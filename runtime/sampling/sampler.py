@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import torch
 from phloem.runtime.executor.forward_io import SamplingInfo
+from phloem.runtime.layers.fusion import use_fused
 
 try:
     from phloem.grammars.bitmask import apply_bitmask as _apply_bitmask_inplace
@@ -65,7 +66,7 @@ class Sampler:
         """
         x = process_logits(logits, info)
         if info.is_greedy_all:
-            return x.argmax(dim=-1)
+            return greedy_tokens(x)
         return self._sample(x, info)
 
     def generator(self, device: torch.device) -> torch.Generator:
@@ -77,9 +78,9 @@ class Sampler:
         return gen
 
     def _sample(self, x: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
-        greedy = (info.temperatures < GREEDY_EPS) | (info.top_ks == 1)  # [B]
-        greedy_tokens = x.argmax(dim=-1)
-        temps = torch.where(greedy, torch.ones_like(info.temperatures), info.temperatures)
+        is_greedy = (info.temperatures < GREEDY_EPS) | (info.top_ks == 1)  # [B]
+        greedy = greedy_tokens(x)
+        temps = torch.where(is_greedy, torch.ones_like(info.temperatures), info.temperatures)
         x = x / temps.unsqueeze(1)
         if info.use_top_k_top_p:
             x = x.masked_fill(top_k_top_p_drop_mask(x, info.top_ks, info.top_ps), float("-inf"))
@@ -91,7 +92,17 @@ class Sampler:
             steps = info.steps if info.steps is not None else torch.zeros_like(info.seeds)
             u = torch.where(seeded, seeded_uniform(info.seeds, steps, x.shape[1]), u)
         sampled = gumbel_argmax(x, u)
-        return torch.where(greedy, greedy_tokens, sampled)
+        return torch.where(is_greedy, greedy, sampled)
+
+
+def greedy_tokens(x: torch.Tensor) -> torch.Tensor:
+    """``x.argmax(dim=-1)`` of ``[B, V]`` logits: the two-launch Triton argmax on CUDA (the fused
+    kernels' switch), torch elsewhere. Both give the lowest index on ties."""
+    if use_fused(x) and x.dim() == 2 and x.stride(-1) == 1 and x.shape[1] > 0:
+        from phloem.runtime.sampling.argmax_triton import argmax_rows
+
+        return argmax_rows(x)
+    return x.argmax(dim=-1)
 
 
 # ---------------------------------------------------------------------- logit processing

@@ -1,0 +1,50 @@
+"""The two-launch greedy argmax against ``torch.argmax``, and the sampler that routes to it.
+
+- CUDA: SmolLM2 and Llama-3 vocabularies at batch 1, 64 and 256, float32 and bfloat16, with ties;
+  a greedy batch through :class:`Sampler` equals ``torch.argmax`` of its logits.
+- CPU: the small cases under Triton's interpreter (a child process, ``argmax_cases.py``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+from phloem.runtime.executor.model_runner import greedy_sampling_info
+from phloem.runtime.sampling.sampler import Sampler
+
+from .argmax_cases import SHAPES, SMALL_SHAPES, check_argmax
+from .interpreter import run_interpreted
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_argmax_matches_torch(shape: tuple[int, int], dtype: str) -> None:
+    for seed in (0, 1):
+        check_argmax(shape, getattr(torch, dtype), "cuda", seed)
+
+
+@pytest.mark.gpu
+@requires_cuda
+def test_greedy_sampler_uses_the_kernel_and_matches_torch() -> None:
+    logits = torch.randn(8, 49152, device="cuda") * 3
+    info = greedy_sampling_info(8)
+    dev_info = type(info)(
+        **{k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in vars(info).items()}
+    )
+    assert dev_info.is_greedy_all
+    assert torch.equal(Sampler()(logits, dev_info), logits.argmax(dim=-1))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
+def test_argmax_under_interpreter() -> None:
+    proc = run_interpreted("tests.kernels.argmax_cases")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
+    assert passed == 2 * len(SMALL_SHAPES), proc.stdout
