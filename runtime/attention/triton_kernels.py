@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = ["decode_attention", "extend_attention", "extend_block_table", "decode_num_splits"]
 
@@ -146,9 +147,11 @@ def _decode_split_kernel(
     sm_scale, k_scale, v_scale,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (requests, kv heads, splits); one program serves all GROUP query heads of its KV head
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -196,9 +199,11 @@ def _decode_split_kernel(
 def _decode_merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
     NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (requests, q heads)
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     b = tl.program_id(0)
     head = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -345,6 +350,7 @@ def decode_attention(
     num_splits = part_lse.shape[2]
     fp32 = q.dtype == torch.float32
     block_d = _block_d(head_dim)
+    pdl = pdl_enabled(q.device)
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_buf, v_buf, part_o, part_lse,
         req_to_token, req_pool_indices, seq_lens,
@@ -353,14 +359,14 @@ def decode_attention(
         sm_scale, k_scale, v_scale,
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n or (32 if fp32 else 64),
-        NUM_SPLITS=num_splits, FP32_DOT=fp32,
+        NUM_SPLITS=num_splits, FP32_DOT=fp32, PDL=pdl,
         num_warps=num_warps or (4 if block_d < 128 else 8 if fp32 else 2),
-        num_stages=num_stages or (3 if block_d >= 128 and not fp32 else 2),
+        num_stages=num_stages or (3 if block_d >= 128 and not fp32 else 2), **launch_kwargs(pdl),
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, out, out.stride(0), out.stride(1),
         NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)),
-        num_warps=2,
+        NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), PDL=pdl,
+        num_warps=2, **launch_kwargs(pdl),
     )  # fmt: skip
     return out

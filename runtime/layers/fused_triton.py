@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = ["add_rmsnorm", "rmsnorm", "rope_", "rope_store_", "silu_and_mul"]
 
@@ -39,9 +40,11 @@ def _rmsnorm_kernel(
     x_ptr, res_ptr, out_ptr, res_out_ptr, w_ptr,
     stride_x, stride_res, stride_out, stride_res_out,
     n_cols, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (rows,)
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < n_cols
@@ -57,7 +60,11 @@ def _rmsnorm_kernel(
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_up_ptr, out_ptr, stride_in, stride_out, n_cols, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    gate_up_ptr, out_ptr, stride_in, stride_out, n_cols, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     # grid: (rows, cdiv(n_cols, BLOCK)); n_cols = I, the up half starts at column I
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -122,10 +129,12 @@ def _rope_store_kernel(
     stride_kbt, stride_kbh, stride_vbt, stride_vbh, qn_ptr, kn_ptr, eps,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_NORM: tl.constexpr,
+    HAS_NORM: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (tokens,); q (normalized per head with HAS_NORM, then) rotated in place, k likewise
     # into the token's KV slot, v copied there
+    pdl_trigger(PDL)
+    pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_HALF)
@@ -172,11 +181,13 @@ def _launch_norm(
         return out, res_out
     r2 = _rows(residual) if residual is not None else x2
     block = triton.next_power_of_2(n)
+    pdl = pdl_enabled(x.device)
     _rmsnorm_kernel[(x2.shape[0],)](
         x2, r2, out, res_out if res_out is not None else out, weight,
         x2.stride(0), r2.stride(0), n, n,
         n, eps,
-        HAS_RESIDUAL=residual is not None, BLOCK=block, num_warps=_norm_warps(block),
+        HAS_RESIDUAL=residual is not None, BLOCK=block, PDL=pdl, num_warps=_norm_warps(block),
+        **launch_kwargs(pdl),
     )  # fmt: skip
     return out, res_out
 
@@ -216,7 +227,10 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     if x2.shape[0] and width:
         block = min(SILU_BLOCK, triton.next_power_of_2(width))
         grid = (x2.shape[0], triton.cdiv(width, block))
-        _silu_and_mul_kernel[grid](x2, out, x2.stride(0), width, width, BLOCK=block, num_warps=4)
+        pdl = pdl_enabled(gate_up.device)
+        _silu_and_mul_kernel[grid](
+            x2, out, x2.stride(0), width, width, BLOCK=block, PDL=pdl, num_warps=4, **launch_kwargs(pdl)
+        )
     return out
 
 
@@ -289,6 +303,7 @@ def rope_store_(
     if t == 0:
         return q
     q_w, k_w, eps = qk_norm if qk_norm is not None else (q, q, 0.0)  # unused pointers without a norm
+    pdl = pdl_enabled(q.device)
     _rope_store_kernel[(t,)](
         q, k, v, cos, sin, k_buf, v_buf, slots,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
@@ -297,6 +312,6 @@ def rope_store_(
         NUM_Q_HEADS=num_q, NUM_K_HEADS=num_k, HALF=half, HEAD_DIM=dim,
         BLOCK_HQ=triton.next_power_of_2(num_q), BLOCK_HK=triton.next_power_of_2(num_k),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
-        HAS_NORM=qk_norm is not None, num_warps=4,
+        HAS_NORM=qk_norm is not None, PDL=pdl, num_warps=4, **launch_kwargs(pdl),
     )  # fmt: skip
     return q

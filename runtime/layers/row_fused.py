@@ -26,9 +26,34 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from phloem.runtime.layers.skinny_gemm import pick_config
+from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
+from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
 
 __all__ = ["norm_linear_row"]
+
+
+@triton.jit
+def _norm_row_chunk(
+    k0, w_a, w_b, acc_a, acc_b, sq, x_ptr, res_ptr, h_ptr, g_ptr, pid, offs_k, K,
+    HAS_RES: tl.constexpr, GLU: tl.constexpr,
+):  # fmt: skip
+    """One BLOCK_K chunk: ``h`` (and its store, program 0), the sum of squares, the dots."""
+    kk = k0 + offs_k
+    k_mask = kk < K
+    h = tl.load(x_ptr + kk, mask=k_mask, other=0.0)
+    if HAS_RES:  # x + residual, rounded to the activation dtype as a plain add rounds it
+        h = (h.to(tl.float32) + tl.load(res_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)).to(
+            h_ptr.dtype.element_ty
+        )
+        if pid == 0:
+            tl.store(h_ptr + kk, h, mask=k_mask)
+    hf = h.to(tl.float32)
+    sq += hf * hf
+    hg = hf * tl.load(g_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+    acc_a += tl.sum(w_a.to(tl.float32) * hg[None, :], axis=1)
+    if GLU:
+        acc_b += tl.sum(w_b.to(tl.float32) * hg[None, :], axis=1)
+    return acc_a, acc_b, sq
 
 
 @triton.jit
@@ -36,9 +61,10 @@ def _norm_row_kernel(
     x_ptr, res_ptr, h_ptr, g_ptr, w_ptr, b_ptr, y_ptr,
     N, K, HALF, stride_wn, eps,
     HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (cdiv(N, BLOCK_N),) with N the output width (I for GLU)
+    pdl_trigger(PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
@@ -48,25 +74,26 @@ def _norm_row_kernel(
     acc_a = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_N,), dtype=tl.float32)
     sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        kk = k0 + offs_k
-        k_mask = kk < K
-        h = tl.load(x_ptr + kk, mask=k_mask, other=0.0)
-        if HAS_RES:  # x + residual, rounded to the activation dtype as a plain add rounds it
-            h = (h.to(tl.float32) + tl.load(res_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)).to(
-                h_ptr.dtype.element_ty
-            )
-            if pid == 0:
-                tl.store(h_ptr + kk, h, mask=k_mask)
-        hf = h.to(tl.float32)
-        sq += hf * hf
-        hg = hf * tl.load(g_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
-        w_mask = n_mask[:, None] & k_mask[None, :]
-        w = tl.load(rows_a + kk[None, :], mask=w_mask, other=0.0)
-        acc_a += tl.sum(w.to(tl.float32) * hg[None, :], axis=1)
+    # the first chunk of W is read before waiting on the previous kernel (PDL): no kernel of the
+    # step writes weights
+    w_mask = n_mask[:, None] & (offs_k < K)[None, :]
+    w_a = tl.load(rows_a + offs_k[None, :], mask=w_mask, other=0.0)
+    w_b = w_a
+    if GLU:
+        w_b = tl.load(rows_b + offs_k[None, :], mask=w_mask, other=0.0)
+    pdl_wait(PDL)
+    acc_a, acc_b, sq = _norm_row_chunk(
+        0, w_a, w_b, acc_a, acc_b, sq, x_ptr, res_ptr, h_ptr, g_ptr, pid, offs_k, K, HAS_RES, GLU
+    )
+    for k0 in range(BLOCK_K, K, BLOCK_K):
+        w_mask = n_mask[:, None] & (k0 + offs_k < K)[None, :]
+        w_a = tl.load(rows_a + (k0 + offs_k)[None, :], mask=w_mask, other=0.0)
+        w_b = w_a
         if GLU:
-            w2 = tl.load(rows_b + kk[None, :], mask=w_mask, other=0.0)
-            acc_b += tl.sum(w2.to(tl.float32) * hg[None, :], axis=1)
+            w_b = tl.load(rows_b + (k0 + offs_k)[None, :], mask=w_mask, other=0.0)
+        acc_a, acc_b, sq = _norm_row_chunk(
+            k0, w_a, w_b, acc_a, acc_b, sq, x_ptr, res_ptr, h_ptr, g_ptr, pid, offs_k, K, HAS_RES, GLU
+        )
     r = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
     y = acc_a * r
     if HAS_BIAS:
@@ -85,6 +112,7 @@ def norm_linear_row(
     bias: torch.Tensor | None = None,
     *,
     glu: bool = False,
+    config: SkinnyConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``F.linear(rms_norm(x + residual), weight, bias)`` for one row ``x`` ``[1, K]``, and the sum
     ``x + residual`` (``x`` itself when ``residual`` is None). With ``glu``, ``weight`` stacks gate
@@ -109,15 +137,17 @@ def norm_linear_row(
     x = x.contiguous()
     h = torch.empty_like(x) if residual is not None else x
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    # glu: half the columns of the plain config, so a program still reads as many weight rows
-    cfg = pick_config(n_rows, k, 1)
-    block_n = max(1, cfg.block_n // 2) if glu else cfg.block_n
+    # glu: half the columns of the plain config, so a program still reads as many weight rows;
+    # ``config`` (a sweep) gives the columns per program directly
+    cfg = config or pick_config(n_rows, k, 1)
+    block_n = cfg.block_n if config is not None or not glu else max(1, cfg.block_n // 2)
+    pdl = pdl_enabled(x.device)
     _norm_row_kernel[(triton.cdiv(n, block_n),)](
         x, residual.contiguous() if residual is not None else x, h, norm_weight, weight,
         bias if bias is not None else weight, y,
         n, k, n, weight.stride(0), float(eps),
         HAS_RES=residual is not None, HAS_BIAS=bias is not None, GLU=glu,
-        BLOCK_N=block_n, BLOCK_K=cfg.block_k,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        BLOCK_N=block_n, BLOCK_K=cfg.block_k, PDL=pdl,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
     )  # fmt: skip
     return y, h

@@ -28,6 +28,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = ["MAX_ROWS", "SkinnyConfig", "pick_config", "skinny_linear", "skinny_wins"]
 
@@ -74,17 +75,24 @@ def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, UPCAST: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (cdiv(N, BLOCK_N),); every program reads its BLOCK_N rows of W once
+    pdl_trigger(PDL)
     pid = tl.program_id(0)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
     if ONE_ROW:
-        acc = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        # the first chunk of W is read before waiting on the previous kernel (PDL): no kernel of
+        # the step writes weights
+        k_mask = offs_k < K
+        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        pdl_wait(PDL)
+        x = tl.load(x_ptr + offs_k, mask=k_mask, other=0.0)
+        acc = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             kk = k0 + offs_k
             k_mask = kk < K
             w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
@@ -94,6 +102,7 @@ def _skinny_kernel(
             acc += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
         tl.store(y_ptr + offs_n, acc.to(y_ptr.dtype.element_ty), mask=n_mask)
     else:
+        pdl_wait(PDL)
         offs_m = tl.arange(0, BLOCK_M)
         m_mask = offs_m < M
         x_rows = x_ptr + offs_m[:, None] * stride_xm
@@ -151,11 +160,12 @@ def skinny_linear(
                 y += bias
         else:
             cfg = config or pick_config(n, k, m)
+            pdl = pdl_enabled(x.device)
             _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
                 x2, weight, bias if bias is not None else weight, y,
                 m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
                 HAS_BIAS=bias is not None, ONE_ROW=m == 1, UPCAST=_INTERPRETED,
-                BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+                BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
             )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)
