@@ -29,7 +29,7 @@ import triton.language as tl
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
 
-__all__ = ["norm_linear_row"]
+__all__ = ["norm_linear_row", "row_config"]
 
 
 @triton.jit
@@ -103,6 +103,17 @@ def _norm_row_kernel(
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
+def row_config(n_rows: int, k: int, *, glu: bool) -> SkinnyConfig:
+    """Block sizes for an ``[n_rows, K]`` stacked weight, from a sweep on an H200 at one row
+    (``benchmarks/gpu/row_fused_bench.py --sweep``; the shapes of SmolLM2-135M, Qwen3-0.6B and
+    Llama-3-8B). Four warps everywhere; gate/up: two columns per program (four weight rows with
+    their up rows), K in chunks of 1,024; qkv: the plain kernel's columns, K in chunks of 512 from
+    K = 1,024 (one chunk below that)."""
+    if glu:
+        return SkinnyConfig(2, 1024, 4, 3)
+    return SkinnyConfig(pick_config(n_rows, k, 1).block_n, 512 if k >= 1024 else 1024, 4, 3)
+
+
 def norm_linear_row(
     x: torch.Tensor,
     residual: torch.Tensor | None,
@@ -137,10 +148,8 @@ def norm_linear_row(
     x = x.contiguous()
     h = torch.empty_like(x) if residual is not None else x
     y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    # glu: half the columns of the plain config, so a program still reads as many weight rows;
-    # ``config`` (a sweep) gives the columns per program directly
-    cfg = config or pick_config(n_rows, k, 1)
-    block_n = cfg.block_n if config is not None or not glu else max(1, cfg.block_n // 2)
+    cfg = config or row_config(n_rows, k, glu=glu)
+    block_n = cfg.block_n
     pdl = pdl_enabled(x.device)
     _norm_row_kernel[(triton.cdiv(n, block_n),)](
         x, residual.contiguous() if residual is not None else x, h, norm_weight, weight,
