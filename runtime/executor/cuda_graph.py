@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import torch
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
@@ -100,8 +101,11 @@ class CudaGraphRunner:
             return torch.full((n,), fill, dtype=torch.int64, device=self.device)
 
         # Padding rows: token 0 at position 0, writes the padding slot, reads one key (seq_len 1).
-        self.input_ids, self.positions, self.out_slots = buf(0), buf(0), buf(PADDING_SLOT)
-        self.req_pool_indices, self.seq_lens = buf(0), buf(1)
+        # The four per-row inputs a host batch fills are rows of one block (one staged copy).
+        self.input_ids = buf(0)
+        self._rows = torch.from_numpy(np.repeat(_PADDING_ROW, n, axis=1)).to(self.device)
+        self.positions, self.out_slots, self.req_pool_indices, self.seq_lens = self._rows.unbind()
+        self._staging = _PinnedRing(tuple(self._rows.shape))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool: Any = None  # the graphs' shared memory pool handle, set by the first capture
@@ -154,9 +158,17 @@ class CudaGraphRunner:
         )  # fmt: skip
 
     def replay(self, fi: ForwardInput) -> torch.Tensor:
-        """Logits ``[B, V]`` of decode batch ``fi`` (on the device); valid until the next replay."""
+        """Logits ``[B, V]`` of decode batch ``fi`` (on the device); valid until the next replay.
+
+        ``fi``'s per-row tensors may be on the device, or on the host (``input_ids`` excepted):
+        then they reach the graph's inputs in one copy of a pinned staging block."""
         bs = fi.batch_size
         padded = next(s for s in self.batch_sizes if s >= bs)
+        if fi.positions.device.type == "cpu":
+            self.input_ids[:bs].copy_(fi.input_ids, non_blocking=True)
+            self._stage_rows(fi, bs, padded)
+            self.graphs[padded].replay()
+            return self.logits[padded][:bs]
         self.input_ids[:bs].copy_(fi.input_ids, non_blocking=True)
         self.positions[:bs].copy_(fi.positions, non_blocking=True)
         self.out_slots[:bs].copy_(fi.out_slots, non_blocking=True)
@@ -168,3 +180,40 @@ class CudaGraphRunner:
             self.seq_lens[bs:padded].fill_(1)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]
+
+    def _stage_rows(self, fi: ForwardInput, bs: int, padded: int) -> None:
+        """Positions, output slots, request rows and lengths of host batch ``fi`` (padding rows
+        after them) into the next pinned block, then one copy of the block to the graph inputs."""
+        k, block = self._staging.take()
+        block[0, :bs] = fi.positions.numpy()
+        block[1, :bs] = fi.out_slots.numpy()
+        block[2, :bs] = fi.req_pool_indices.numpy()
+        block[3, :bs] = fi.seq_lens.numpy()
+        if padded > bs:
+            block[:, bs:padded] = _PADDING_ROW
+        self._rows.copy_(self._staging.bufs[k], non_blocking=True)
+        self._staging.record(k)
+
+
+# Padding row of the staged block: position 0, the padding slot, request row 0, one key.
+_PADDING_ROW = np.array([[0], [PADDING_SLOT], [0], [1]], dtype=np.int64)
+
+
+class _PinnedRing:
+    """Pinned host blocks handed out in turn. A block is refilled only after the copy that last
+    read it has run (its event; in the overlap loop that copy is two steps old and long done),
+    so the host never writes memory a queued copy is about to read."""
+
+    def __init__(self, shape: tuple[int, ...], n: int = 4) -> None:
+        self.bufs = [torch.zeros(shape, dtype=torch.int64, pin_memory=True) for _ in range(n)]
+        self.arrays = [b.numpy() for b in self.bufs]
+        self.events = [torch.cuda.Event() for _ in range(n)]
+        self._i = 0
+
+    def take(self) -> tuple[int, np.ndarray]:
+        self._i = (self._i + 1) % len(self.bufs)
+        self.events[self._i].synchronize()  # returns at once unless that copy is still queued
+        return self._i, self.arrays[self._i]
+
+    def record(self, k: int) -> None:
+        self.events[k].record()

@@ -17,6 +17,7 @@ A decode batch is the special case ``extend_lens == 1``.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -102,6 +103,19 @@ class ForwardInput:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    def with_sampling_on(self, device: torch.device | str) -> ForwardInput:
+        """A copy whose sampling tensors are on ``device`` (one packed copy per dtype, none when
+        they are there already); every other field is shared with ``self``."""
+        from phloem.runtime.host_copy import pack_to_device
+
+        fields = vars(self.sampling)
+        moved = pack_to_device([v if isinstance(v, torch.Tensor) else None for v in fields.values()],
+                               torch.device(device))  # fmt: skip
+        sampling = SamplingInfo(**{
+            k: (m if isinstance(v, torch.Tensor) else v) for (k, v), m in zip(fields.items(), moved)
+        })  # fmt: skip
+        return dataclasses.replace(self, sampling=sampling)
 
     def to(self, device: torch.device | str) -> ForwardInput:
         """Every tensor on ``device``. On a GPU the host tensors travel packed, one pinned staging

@@ -283,8 +283,13 @@ class ModelRunner:
         """
         ready = self._start_loads(kv_loads)
         host = fi
-        dev = fi if self.device.type == "cpu" else fi.to(self.device)
         plan = self._logit_rows(host)
+        if self.device.type == "cpu":
+            dev = fi
+        elif self._graph_ok(fi, plan) and ready is None:
+            dev = fi.with_sampling_on(self.device)  # the graph stages its own inputs (one copy)
+        else:
+            dev = fi.to(self.device)
         self.attn_backend.layer_ready = ready
         try:
             logits, hidden = self._logits(dev, plan)  # [N, V] float32, [T, H] or None
@@ -304,7 +309,7 @@ class ModelRunner:
         return ForwardOutput(
             next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs=out_lp,
             hidden_states=hidden if host.return_hidden_states else None,
-        )
+        )  # fmt: skip
 
     @torch.inference_mode()
     def forward_logits(self, fi: ForwardInput) -> torch.Tensor:
@@ -323,8 +328,8 @@ class ModelRunner:
     def _logits(self, fi: ForwardInput, plan: _LogitRows) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the planned rows, and the final hidden states of every new token (``None``
         from a CUDA graph replay, which callers asking for hidden states never take)."""
-        graph_ok = not plan.starts and not fi.return_hidden_states
-        if self.cuda_graphs is not None and graph_ok and self.cuda_graphs.can_run(fi):
+        if self._graph_ok(fi, plan):
+            assert self.cuda_graphs is not None
             if self.attn_backend.layer_ready is not None:
                 self.attn_backend.layer_ready.wait_all()  # a replay has no per-layer waits
             return self.cuda_graphs.replay(fi), None  # [B, V], valid until the next replay
@@ -333,6 +338,15 @@ class ModelRunner:
         if fi.mode == ForwardMode.DECODE and not plan.starts:
             return self._model_any.compute_logits(hidden), hidden  # one row per request already
         return self._model_any.compute_logits(hidden[plan.rows.to(hidden.device)]), hidden
+
+    def _graph_ok(self, fi: ForwardInput, plan: _LogitRows) -> bool:
+        """Whether ``fi`` replays a captured decode graph (no hidden states or input logprobs)."""
+        return (
+            self.cuda_graphs is not None
+            and not plan.starts
+            and not fi.return_hidden_states
+            and self.cuda_graphs.can_run(fi)
+        )
 
     @property
     def _model_any(self) -> Any:

@@ -1,0 +1,61 @@
+"""The Engine's bfloat16 decode path on a GPU: decode graphs fed from the pinned staging ring, the
+one-row layers with their norms folded into the projections, programmatic dependent launch (PDL)
+and the Triton argmax.
+
+The switches under test change how kernels are launched, never what they compute, so greedy ids
+must be identical, token for token:
+
+- batch 1 with and without CUDA graphs (eager decode runs the same kernels at the same size);
+- batches of 1 and 6 with PDL on and off (the same graphs; a missing wait would read stale
+  activations and change tokens).
+
+Uses the default model when it is installed; with ``PHLOEM_TEST_TOKENIZER`` set (a tokenizer
+folder), dummy weights of the default model's shape instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from phloem import Engine
+from tests.integration.test_engine_speculative import PROMPTS
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
+
+GREEDY = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
+BATCH = PROMPTS[:6]
+
+
+def _ids(monkeypatch, pdl: bool, **kw) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy ids of each prompt alone, then of the batch, from a fresh engine."""
+    monkeypatch.setenv("PHLOEM_PDL", "1" if pdl else "0")  # read by the scheduler process
+    tok = os.environ.get("PHLOEM_TEST_TOKENIZER")
+    model = {"load_format": "dummy", "tokenizer_path": tok} if tok else {}
+    with Engine(device="cuda", dtype="bfloat16", log_level="warning", **model, **kw) as eng:
+        alone = [eng.generate(p, sampling_params=GREEDY)["output_ids"] for p in BATCH[:3]]
+        batch = [o["output_ids"] for o in eng.generate(BATCH, sampling_params=[dict(GREEDY) for _ in BATCH])]
+    return alone, batch
+
+
+@pytest.fixture(scope="module")
+def graphs_pdl():
+    with pytest.MonkeyPatch.context() as mp:
+        return _ids(mp, pdl=True)
+
+
+def test_pdl_changes_no_token(graphs_pdl, monkeypatch) -> None:
+    alone, batch = _ids(monkeypatch, pdl=False)
+    assert alone == graphs_pdl[0]
+    assert batch == graphs_pdl[1]
+    assert all(len(ids) == GREEDY["max_new_tokens"] for ids in alone + batch)
+
+
+def test_batch_one_graphs_equal_eager_decode(graphs_pdl, monkeypatch) -> None:
+    alone, _ = _ids(monkeypatch, pdl=True, disable_cuda_graph=True)
+    assert alone == graphs_pdl[0]
