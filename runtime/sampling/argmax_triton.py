@@ -3,7 +3,9 @@
 ``torch.argmax`` over one row of a vocabulary reduces it in a single thread block: on an H200 that
 took 13 us for SmolLM2's 49,152 logits and 36 us for Llama-3's 128,256 at batch 1, against ~4 us
 for the LM head before it. Here ``S`` programs per row each reduce one chunk, and a second launch
-picks the best chunk::
+picks the best chunk. The chunk count is a run-time argument and the second kernel's block its
+next power of two, so serving batches of every size compiles each kernel a handful of times at
+most (a compile mid-run stalls a step ~0.2 s)::
 
     part[b, s] = (max, first index of the max) over logits[b, s * C : (s + 1) * C]
     out[b] = index of the first chunk holding the row's max
@@ -19,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["argmax_rows", "num_chunks"]
+__all__ = ["argmax_rows", "launch_plan", "num_chunks"]
 
 _BLOCK = 1024
 _TARGET_PROGRAMS = 264  # two waves of an H200's 132 SMs
@@ -28,10 +30,10 @@ _MAX_CHUNKS = 64
 
 @triton.jit
 def _chunk_argmax_kernel(
-    x_ptr, val_ptr, idx_ptr, V, stride_xb, CHUNK,
-    NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr, val_ptr, idx_ptr, V, stride_xb, CHUNK, num_chunks,
+    BLOCK: tl.constexpr,
 ):  # fmt: skip
-    # grid: (rows, NUM_CHUNKS)
+    # grid: (rows, num_chunks)
     b = tl.program_id(0)
     s = tl.program_id(1)
     row = x_ptr + b.to(tl.int64) * stride_xb
@@ -46,18 +48,18 @@ def _chunk_argmax_kernel(
         better = m > best  # strict: an equal max later in the row keeps the earlier index
         best_i = tl.where(better, v0 + i, best_i)
         best = tl.where(better, m, best)
-    tl.store(val_ptr + b * NUM_CHUNKS + s, best)
-    tl.store(idx_ptr + b * NUM_CHUNKS + s, best_i)
+    tl.store(val_ptr + b * num_chunks + s, best)
+    tl.store(idx_ptr + b * num_chunks + s, best_i)
 
 
 @triton.jit
-def _pick_chunk_kernel(val_ptr, idx_ptr, out_ptr, NUM_CHUNKS: tl.constexpr, BLOCK_S: tl.constexpr):
+def _pick_chunk_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_S: tl.constexpr):
     # grid: (rows,)
     b = tl.program_id(0)
     offs = tl.arange(0, BLOCK_S)
-    mask = offs < NUM_CHUNKS
-    vals = tl.load(val_ptr + b * NUM_CHUNKS + offs, mask=mask, other=float("-inf"))
-    idxs = tl.load(idx_ptr + b * NUM_CHUNKS + offs, mask=mask, other=0)
+    mask = offs < num_chunks
+    vals = tl.load(val_ptr + b * num_chunks + offs, mask=mask, other=float("-inf"))
+    idxs = tl.load(idx_ptr + b * num_chunks + offs, mask=mask, other=0)
     m = tl.max(vals, axis=0)
     # the first chunk holding the max: chunks are in row order, so its index is the lowest
     first = tl.min(tl.where(mask & (vals == m), offs, BLOCK_S), axis=0)
@@ -72,6 +74,14 @@ def num_chunks(rows: int, vocab: int) -> int:
     return max(1, min(_MAX_CHUNKS, by_programs, by_length))
 
 
+def launch_plan(rows: int, vocab: int) -> tuple[int, int, int]:
+    """``(chunk length, chunks per row, block of the second kernel)`` for ``[rows, vocab]``."""
+    s = num_chunks(rows, vocab)
+    chunk = triton.cdiv(triton.cdiv(vocab, s), _BLOCK) * _BLOCK
+    s = triton.cdiv(vocab, chunk)  # no empty chunk
+    return chunk, s, max(2, triton.next_power_of_2(s))
+
+
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:
     """``x.argmax(dim=-1)`` for a 2-D float tensor ``[B, V]`` with a contiguous last axis; int64 ``[B]``."""
     if x.dim() != 2 or x.stride(-1) != 1:
@@ -82,15 +92,9 @@ def argmax_rows(x: torch.Tensor) -> torch.Tensor:
         return out
     if vocab == 0:
         raise ValueError("argmax of an empty row")
-    s = num_chunks(rows, vocab)
-    chunk = triton.cdiv(triton.cdiv(vocab, s), _BLOCK) * _BLOCK
-    s = triton.cdiv(vocab, chunk)  # no empty chunk
+    chunk, s, block_s = launch_plan(rows, vocab)
     vals = torch.empty((rows, s), dtype=torch.float32, device=x.device)
     idxs = torch.empty((rows, s), dtype=torch.int32, device=x.device)
-    _chunk_argmax_kernel[(rows, s)](
-        x, vals, idxs, vocab, x.stride(0), chunk, NUM_CHUNKS=s, BLOCK=_BLOCK, num_warps=4
-    )
-    _pick_chunk_kernel[(rows,)](
-        vals, idxs, out, NUM_CHUNKS=s, BLOCK_S=max(2, triton.next_power_of_2(s)), num_warps=1
-    )
+    _chunk_argmax_kernel[(rows, s)](x, vals, idxs, vocab, x.stride(0), chunk, s, BLOCK=_BLOCK, num_warps=4)
+    _pick_chunk_kernel[(rows,)](vals, idxs, out, s, BLOCK_S=block_s, num_warps=1)
     return out

@@ -48,3 +48,16 @@ def test_argmax_under_interpreter() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
     assert passed == 2 * len(SMALL_SHAPES), proc.stdout
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_batch_sizes_share_a_few_compiled_variants() -> None:
+    """Every compile-time constant of the launch is one of a few values over all batch sizes a
+    server sees (a new one compiles mid-run, a ~0.2 s stall), and the chunks cover each row."""
+    from phloem.runtime.sampling.argmax_triton import launch_plan
+
+    for vocab in (49152, 151936, 128256, 1000):
+        plans = [launch_plan(rows, vocab) for rows in range(1, 1025)]
+        assert len({block for _, _, block in plans}) <= 7
+        for chunk, s, block in plans:
+            assert chunk % 1024 == 0 and (s - 1) * chunk < vocab <= s * chunk and s <= block
