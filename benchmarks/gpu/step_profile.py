@@ -59,6 +59,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     sched, runtime = build_scheduler(EngineArgs(**kw), send=lambda m: None)
     if args.no_draft_ahead and sched.spec is not None:
         sched.spec.draft_ahead = False  # A/B of drafting the next trees right after the catch-up
+    if hasattr(sched.worker, "_thread"):  # the overlap loop's forward thread
+        sched._worker_clock = WorkerClock(sched.worker)
     return sched, runtime
 
 
@@ -120,9 +122,37 @@ def finish(s: Any, reqs: list[Any]) -> None:
     s.drain()
 
 
+class WorkerClock:
+    """CPU seconds the forward worker's thread spends in its steps (``time.thread_time`` in that
+    thread), and optionally a cProfile of them: the overlap loop's second thread, which shares
+    the GIL with the scheduler's."""
+
+    def __init__(self, worker: Any) -> None:
+        self.seconds = 0.0
+        self.profile: cProfile.Profile | None = None
+        run = worker._run
+
+        def timed(*a: Any, **kw: Any) -> Any:
+            prof = self.profile
+            c = time.thread_time()
+            if prof is not None:
+                prof.enable()
+            try:
+                return run(*a, **kw)
+            finally:
+                if prof is not None:
+                    prof.disable()
+                self.seconds += time.thread_time() - c
+
+        worker._run = timed
+
+
 def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
-    """Step until every request finished; per-step wall and CPU seconds."""
+    """Step until every request finished; per-step wall and CPU seconds (scheduler thread, and
+    the forward worker's thread when it runs one)."""
     walls, cpus = [], []
+    clock = getattr(s, "_worker_clock", None)
+    worker_start = clock.seconds if clock is not None else 0.0
     start_tokens = sum(len(r.output_ids) for r in reqs)
     t0 = time.perf_counter()
     while not all(r.finished for r in reqs):
@@ -144,6 +174,9 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
         "step_wall_ms_mean": 1e3 * sum(walls) / len(walls),
         "step_wall_ms_median": 1e3 * walls[len(walls) // 2],
         "step_cpu_ms_mean": 1e3 * sum(cpus) / len(cpus),
+        "worker_cpu_ms_mean": 1e3 * (clock.seconds - worker_start) / len(walls)
+        if clock is not None
+        else None,
         "tokens_per_step": tokens / len(walls),
     }
 
@@ -247,9 +280,20 @@ def main() -> None:
     if args.cprofile:
         reqs = reqs_for("c")
         prof = cProfile.Profile()
+        clock = getattr(s, "_worker_clock", None)
+        if clock is not None:
+            clock.profile = cProfile.Profile()
         prof.enable()
         result["cprofile_timing"] = window(reqs)
         prof.disable()
+        if clock is not None and clock.profile is not None:
+            buf = io.StringIO()
+            pstats.Stats(clock.profile, stream=buf).sort_stats("tottime").print_stats(30)
+            result["cprofile_worker_tottime"] = buf.getvalue()
+            buf = io.StringIO()
+            pstats.Stats(clock.profile, stream=buf).sort_stats("cumulative").print_stats(40)
+            result["cprofile_worker_cumulative"] = buf.getvalue()
+            clock.profile = None
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
         result["cprofile_cumulative"] = buf.getvalue()
