@@ -31,14 +31,22 @@ def test_argmax_matches_torch(shape: tuple[int, int], dtype: str) -> None:
 
 @pytest.mark.gpu
 @requires_cuda
-def test_greedy_sampler_uses_the_kernel_and_matches_torch() -> None:
-    logits = torch.randn(8, 49152, device="cuda") * 3
+@pytest.mark.parametrize("vocab", [49152, 128256])
+def test_greedy_sampler_routes_by_vocabulary_and_matches_torch(vocab: int, monkeypatch) -> None:
+    from phloem.runtime.sampling import argmax_triton
+    from phloem.runtime.sampling.sampler import TRITON_ARGMAX_MIN_VOCAB
+
+    calls = []
+    real = argmax_triton.argmax_rows
+    monkeypatch.setattr(argmax_triton, "argmax_rows", lambda x: calls.append(x.shape) or real(x))
+    logits = torch.randn(8, vocab, device="cuda") * 3
     info = greedy_sampling_info(8)
     dev_info = type(info)(
         **{k: (v.cuda() if isinstance(v, torch.Tensor) else v) for k, v in vars(info).items()}
     )
     assert dev_info.is_greedy_all
     assert torch.equal(Sampler()(logits, dev_info), logits.argmax(dim=-1))
+    assert len(calls) == (1 if vocab >= TRITON_ARGMAX_MIN_VOCAB else 0)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
