@@ -23,7 +23,8 @@ second kernel merges the chunks::
     out = sum_s exp(lse_s - lse) * o_s,   lse = log(sum_s exp(lse_s))
 
 No launch needs a host value derived from device data (no ``.item()``), so decode can be captured
-in a CUDA graph: grids depend on the batch size and the model shape only.
+in a CUDA graph: grids depend on the batch size and the model shape only. On Hopper both decode
+kernels launch with programmatic dependent launch (:mod:`phloem.runtime.layers.pdl`).
 """
 
 from __future__ import annotations

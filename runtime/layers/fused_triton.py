@@ -22,7 +22,8 @@ reference rounds, so the two agree to rounding. What one call computes, as plain
             x[t, h] = cat(x1 * cos[t] - x2 * sin[t], x2 * cos[t] + x1 * sin[t]).to(dtype)
 
 Grids depend on shapes only and no launch reads device data on the host, so all three can be
-captured in a CUDA graph. Inputs must have a contiguous last axis (other strides are free).
+captured in a CUDA graph. Inputs must have a contiguous last axis (other strides are free). On
+Hopper they launch with programmatic dependent launch (:mod:`phloem.runtime.layers.pdl`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,9 @@ does not depend on how many rows share a dot-path call. :func:`skinny_wins` says
 is faster than the GEMM library; the layers route there only. The grid depends on shapes only,
 so the call can be captured in a CUDA graph.
 
+On Hopper the kernel takes part in programmatic dependent launch (:mod:`phloem.runtime.layers.pdl`):
+a one-row call reads its first chunk of ``W`` while the previous kernel of the step still runs.
+
 The oracle is ``torch.nn.functional.linear`` (``tests/kernels/skinny_cases.py``).
 """
 
