@@ -8,10 +8,12 @@ one chunk and across chunks) to pin the lowest-index tie rule, and one row is al
 
 from __future__ import annotations
 
-import os
 import sys
+from functools import partial
 
 import torch
+
+from .interpreter import interpreted_main, run_checks
 
 # rows x vocab: SmolLM2 and Llama-3 vocabularies at batch 1, 64 and 256, and ragged widths
 SHAPES = [(1, 49152), (64, 49152), (256, 49152), (1, 128256), (64, 128256), (3, 1000), (5, 1)]
@@ -42,22 +44,14 @@ def check_argmax(shape: tuple[int, int], dtype: torch.dtype, device: str, seed: 
 
 
 def run_small(device: str = "cpu") -> int:
-    failures = 0
-    for shape in SMALL_SHAPES:
-        for name, dtype in {"fp32": torch.float32, "bf16": torch.bfloat16}.items():
-            try:
-                check_argmax(shape, dtype, device, 3)
-                print(f"ok   argmax {shape} {name}")
-            except AssertionError as exc:
-                failures += 1
-                print(f"FAIL argmax {shape} {name}: {exc}")
-    return failures
-
-
-def main() -> int:
-    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel's module imports triton
-    return 1 if run_small("cpu") else 0
+    """Every small case; prints one line per case, returns the number of failures."""
+    dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
+    return run_checks(
+        (f"argmax {shape} {dn}", partial(check_argmax, shape, dt, device, 3))
+        for shape in SMALL_SHAPES
+        for dn, dt in dtypes.items()
+    )
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interpreted_main(run_small))

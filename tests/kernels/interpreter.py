@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,3 +23,26 @@ def run_interpreted(module: str, *args: str, timeout: float = 300) -> subprocess
         text=True,
         timeout=timeout,
     )
+
+
+def run_checks(checks: Iterable[tuple[str, Callable[[], object]]]) -> int:
+    """Run each ``(name, check)``; print ``ok   name [result]`` or ``FAIL name: error`` per check
+    (the interpreter tests count the ``ok`` lines) and return the number of failures. A float
+    result is printed as the check's relative error."""
+    failures = 0
+    for name, check in checks:
+        try:
+            result = check()
+        except AssertionError as exc:
+            failures += 1
+            print(f"FAIL {name}: {exc}")
+            continue
+        print(f"ok   {name} rel_err={result:.2e}" if isinstance(result, float) else f"ok   {name}")
+    return failures
+
+
+def interpreted_main(run_small: Callable[[str], int]) -> int:
+    """A case module's script entry: the interpreter switch first (before the kernels' modules
+    import Triton), then every small case on the CPU; exit status 1 on any failure."""
+    os.environ["TRITON_INTERPRET"] = "1"
+    return 1 if run_small("cpu") else 0

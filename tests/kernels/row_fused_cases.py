@@ -11,12 +11,13 @@ shows up as a mismatch.
 
 from __future__ import annotations
 
-import os
 import sys
+from functools import partial
 
 import torch
 
 from .fused_cases import INTERPRETER_BF16_TOL, REL_TOL, _interpreted, check_close
+from .interpreter import interpreted_main, run_checks
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 # (N, K) of the stacked weight: SmolLM2-135M qkv and gate/up, Llama-3-8B qkv and gate/up, ragged
@@ -99,29 +100,14 @@ def check_rejects(device: str) -> None:
 
 def run_small(device: str = "cpu") -> int:
     """Every small case; prints one line per case, returns the number of failures."""
-    failures = 0
-    for shape in SMALL_SHAPES:
-        for variant in VARIANTS:
-            for dtype_name, dtype in DTYPES.items():
-                try:
-                    err = check_norm_linear(shape, dtype, device, 3, variant)
-                    print(f"ok   norm_linear {shape} {variant} {dtype_name} rel_err={err:.2e}")
-                except AssertionError as exc:
-                    failures += 1
-                    print(f"FAIL norm_linear {shape} {variant} {dtype_name}: {exc}")
-    try:
-        check_rejects(device)
-        print("ok   rejects")
-    except AssertionError as exc:
-        failures += 1
-        print(f"FAIL rejects: {exc}")
-    return failures
-
-
-def main() -> int:
-    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel's module imports triton
-    return 1 if run_small("cpu") else 0
+    checks = [
+        (f"norm_linear {shape} {variant} {dn}", partial(check_norm_linear, shape, dt, device, 3, variant))
+        for shape in SMALL_SHAPES
+        for variant in VARIANTS
+        for dn, dt in DTYPES.items()
+    ]
+    return run_checks([*checks, ("rejects", partial(check_rejects, device))])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interpreted_main(run_small))

@@ -9,12 +9,13 @@ process because the switch must be set before Triton is imported). The kernel wr
 
 from __future__ import annotations
 
-import os
 import sys
+from functools import partial
 
 import torch
 
 from .fused_cases import INTERPRETER_BF16_TOL, REL_TOL, _interpreted, check_close
+from .interpreter import interpreted_main, run_checks
 
 FLOAT32_OUT_TOL = 1e-4
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -90,29 +91,14 @@ def check_rejects(device: str) -> None:
 
 def run_small(device: str = "cpu") -> int:
     """Every small case; prints one line per case, returns the number of failures."""
-    failures = 0
-    for shape in SMALL_SHAPES:
-        for rows in ROWS:
-            for dtype_name, dtype in DTYPES.items():
-                try:
-                    err = check_skinny(shape, rows, dtype, device, 3)
-                    print(f"ok   skinny {shape} rows={rows} {dtype_name} rel_err={err:.2e}")
-                except AssertionError as exc:
-                    failures += 1
-                    print(f"FAIL skinny {shape} rows={rows} {dtype_name}: {exc}")
-    try:
-        check_rejects(device)
-        print("ok   rejects")
-    except AssertionError as exc:
-        failures += 1
-        print(f"FAIL rejects: {exc}")
-    return failures
-
-
-def main() -> int:
-    os.environ["TRITON_INTERPRET"] = "1"  # before the kernel's module imports triton
-    return 1 if run_small("cpu") else 0
+    checks = [
+        (f"skinny {shape} rows={rows} {dn}", partial(check_skinny, shape, rows, dt, device, 3))
+        for shape in SMALL_SHAPES
+        for rows in ROWS
+        for dn, dt in DTYPES.items()
+    ]
+    return run_checks([*checks, ("rejects", partial(check_rejects, device))])
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(interpreted_main(run_small))
