@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -109,13 +110,8 @@ class ForwardInput:
         they are there already); every other field is shared with ``self``."""
         from phloem.runtime.host_copy import pack_to_device
 
-        fields = vars(self.sampling)
-        moved = pack_to_device([v if isinstance(v, torch.Tensor) else None for v in fields.values()],
-                               torch.device(device))  # fmt: skip
-        sampling = SamplingInfo(**{
-            k: (m if isinstance(v, torch.Tensor) else v) for (k, v), m in zip(fields.items(), moved)
-        })  # fmt: skip
-        return dataclasses.replace(self, sampling=sampling)
+        moved = pack_to_device(_tensor_fields(self.sampling), torch.device(device))
+        return dataclasses.replace(self, sampling=_with_tensors(self.sampling, moved))
 
     def to(self, device: torch.device | str) -> ForwardInput:
         """Every tensor on ``device``. On a GPU the host tensors travel packed, one pinned staging
@@ -124,18 +120,14 @@ class ForwardInput:
         from phloem.runtime.host_copy import pack_to_device
 
         s, lp = self.sampling, self.logprobs
-        sampling_fields = vars(s)
         top = [self.input_ids, self.positions, self.out_slots, self.req_pool_indices, self.seq_lens,
                self.prefix_lens, self.extend_lens]  # fmt: skip
-        samp = [v if isinstance(v, torch.Tensor) else None for v in sampling_fields.values()]
+        samp = _tensor_fields(s)
         lp_t = [lp.return_logprob] if lp is not None else []
         moved = pack_to_device([*top, *samp, *lp_t], torch.device(device))
         it = iter(moved)
         ids, pos, slots, rows, seq, prefix, extend = (next(it) for _ in range(len(top)))
-        sampling = SamplingInfo(**{
-            k: (m if isinstance(v, torch.Tensor) else v)
-            for (k, v), m in zip(sampling_fields.items(), (next(it) for _ in samp))
-        })  # fmt: skip
+        sampling = _with_tensors(s, [next(it) for _ in samp])
         if lp is not None:
             lp = LogprobRequest(
                 return_logprob=next(it),  # type: ignore[arg-type]
@@ -149,6 +141,18 @@ class ForwardInput:
             sampling=sampling, logprobs=lp, tree_parents=self.tree_parents,
             return_hidden_states=self.return_hidden_states,
         )  # fmt: skip
+
+
+def _tensor_fields(info: SamplingInfo) -> list[torch.Tensor | None]:
+    """Every field of ``info`` in order: the tensors, and None for the rest."""
+    return [v if isinstance(v, torch.Tensor) else None for v in vars(info).values()]
+
+
+def _with_tensors(info: SamplingInfo, moved: list[Any]) -> SamplingInfo:
+    """``info`` with its tensor fields replaced, in order, by ``moved`` (from :func:`_tensor_fields`)."""
+    return SamplingInfo(**{
+        k: (m if isinstance(v, torch.Tensor) else v) for (k, v), m in zip(vars(info).items(), moved)
+    })  # fmt: skip
 
 
 @dataclass

@@ -284,15 +284,16 @@ class ModelRunner:
         ready = self._start_loads(kv_loads)
         host = fi
         plan = self._logit_rows(host)
+        graph = self._graph_ok(fi, plan)
         if self.device.type == "cpu":
             dev = fi
-        elif self._graph_ok(fi, plan) and ready is None:
+        elif graph and ready is None:
             dev = fi.with_sampling_on(self.device)  # the graph stages its own inputs (one copy)
         else:
             dev = fi.to(self.device)
         self.attn_backend.layer_ready = ready
         try:
-            logits, hidden = self._logits(dev, plan)  # [N, V] float32, [T, H] or None
+            logits, hidden = self._logits(dev, plan, graph)  # [N, V] float32, [T, H] or None
         finally:
             self.attn_backend.layer_ready = None
             if ready is not None:
@@ -316,7 +317,7 @@ class ModelRunner:
         """Float32 logits ``[B, V]`` of each request's last new token (no sampling); for tests."""
         plan = self._logit_rows(fi)
         dev = fi if self.device.type == "cpu" else fi.to(self.device)
-        return self._logits(dev, plan)[0][plan.last.to(self.device)]
+        return self._logits(dev, plan, self._graph_ok(fi, plan))[0][plan.last.to(self.device)]
 
     def _start_loads(self, loads: Sequence[KVLoad]) -> LayerReadiness | None:
         if not loads:
@@ -325,10 +326,13 @@ class ModelRunner:
             raise RuntimeError("KV loads were handed to a model runner that has no layer-wise loader")
         return self.kv_loader.start(loads)
 
-    def _logits(self, fi: ForwardInput, plan: _LogitRows) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _logits(
+        self, fi: ForwardInput, plan: _LogitRows, graph: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the planned rows, and the final hidden states of every new token (``None``
-        from a CUDA graph replay, which callers asking for hidden states never take)."""
-        if self._graph_ok(fi, plan):
+        from a CUDA graph replay, which callers asking for hidden states never take). ``graph``:
+        :meth:`_graph_ok` of this batch."""
+        if graph:
             assert self.cuda_graphs is not None
             if self.attn_backend.layer_ready is not None:
                 self.attn_backend.layer_ready.wait_all()  # a replay has no per-layer waits
