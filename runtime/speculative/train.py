@@ -9,7 +9,9 @@
        (answer_and_record: everything stays on the device, one small host sync per step)
     3. the head is trained with AdamW: smooth-L1 between predicted and true features plus
        cross-entropy against the labels, over a frequent-token draft vocabulary; with
-       ``--unroll K`` the head is also trained on its own predicted features (depths 2..K)
+       ``--unroll K`` the head is also trained on its own predicted features (depths 2..K).
+       Prompt positions weigh ``--prompt-weight`` (drafts only ever start in an answer; a chat
+       template's fixed system prompt would otherwise dominate both the loss and the score)
     4. the held-out prompts are decoded speculatively (EAGLE chain and tree) and the mean accept
        length is reported and stored in the file's metadata
 
@@ -73,9 +75,10 @@ class TrainConfig:
     reg_weight: float = 1.0
     cls_weight: float = 0.5
     feature_noise: float = 0.05
+    prompt_weight: float = 0.1  # loss weight of prompt positions (drafting starts in the answer)
     unroll: int = 2  # training passes per batch: pass k feeds the head its own pass k-1 output
     unroll_weight: float = 0.5  # loss weight of pass k is unroll_weight ** (k - 1)
-    draft_vocab: int = 8192
+    draft_vocab: int = 16384
     heldout: int = 12
     eval_tokens: int = 48
     seed: int = 0
@@ -115,6 +118,7 @@ class Answers:
     features: torch.Tensor  # [n, H] runner dtype: the target's final hidden state there
     labels: torch.Tensor  # [n] int64: the target's argmax next token there
     lengths: list[int]  # positions per sequence (len(prompt) + len(answer) - 1)
+    prompt_lens: list[int]  # the first prompt_lens[s] positions of sequence s are its prompt
 
 
 @dataclass
@@ -122,8 +126,10 @@ class TrainingData:
     """Every recorded position of every answer, flat (as :class:`Answers`), plus one padding row.
 
     Position ``p`` of sequence ``s`` is row ``starts[s] + p`` for ``0 <= p < lengths[s]``; row
-    ``num_positions`` is padding (zero feature, token 0, label -100). Lives on the GPU when it
-    fits, otherwise in pinned host memory.
+    ``num_positions`` is padding (zero feature, token 0, label -100). Positions
+    ``p < prompt_lens[s]`` lie in the prompt; the first answer token sits at ``prompt_lens[s]``,
+    so drafting (which starts from that token) is trained by positions ``p >= prompt_lens[s]``.
+    Lives on the GPU when it fits, otherwise in pinned host memory.
     """
 
     tokens: torch.Tensor  # [N + 1] int64
@@ -132,6 +138,7 @@ class TrainingData:
     starts: list[int]
     lengths: list[int]
     prompt_ids: list[int]
+    prompt_lens: list[int]
 
     @property
     def num_positions(self) -> int:
@@ -263,6 +270,7 @@ def answer_and_record(
             features=torch.cat([hidden_p, feats.reshape(-1, feats.shape[2])])[idx],
             labels=torch.cat([labels_p, labs.reshape(-1)])[idx],
             lengths=[n + k - 1 for n, k in zip(plen.tolist(), n_ans)],
+            prompt_lens=plen.tolist(),
         )
     finally:
         allocator.free(slots)
@@ -316,16 +324,18 @@ class _DataStore:
         self.starts: list[int] = []
         self.lengths: list[int] = []
         self.prompt_ids: list[int] = []
+        self.prompt_lens: list[int] = []
         self.size = 0
 
     def add(self, ans: Answers, prompt_ids: list[int]) -> None:
         n = ans.tokens.shape[0]
         for dst, src in ((self.tokens, ans.tokens), (self.features, ans.features), (self.labels, ans.labels)):
             dst[self.size : self.size + n].copy_(src, non_blocking=True)
-        for length, pid in zip(ans.lengths, prompt_ids):
+        for length, pid, plen in zip(ans.lengths, prompt_ids, ans.prompt_lens):
             self.starts.append(self.size)
             self.lengths.append(length)
             self.prompt_ids.append(pid)
+            self.prompt_lens.append(plen)
             self.size += length
 
     def finish(self) -> TrainingData:
@@ -336,7 +346,7 @@ class _DataStore:
             torch.cuda.synchronize(self.device)
         return TrainingData(
             self.tokens[: n + 1], self.features[: n + 1], self.labels[: n + 1],
-            self.starts, self.lengths, self.prompt_ids,
+            self.starts, self.lengths, self.prompt_ids, self.prompt_lens,
         )  # fmt: skip
 
 
@@ -444,14 +454,17 @@ class _Batch:
     feat_out: torch.Tensor  # [B, L, H] float32: f_j
     labels: torch.Tensor  # [B, L] draft-vocabulary ids, -100 = none
     valid: torch.Tensor  # [B, L] bool
+    answer: torch.Tensor  # [B, L] bool: valid positions in the answer (where drafting happens)
 
 
 def _gather(data: TrainingData, seqs: list[int], to_draft: torch.Tensor, device: torch.device) -> _Batch:
     """Pad ``seqs`` to a batch with one gather per array (indices built on the host)."""
     lens = torch.tensor([data.lengths[s] for s in seqs])[:, None]
     start = torch.tensor([data.starts[s] for s in seqs])[:, None]
+    plen = torch.tensor([data.prompt_lens[s] for s in seqs])[:, None]
     j = torch.arange(int(lens.max()))[None, :]
     valid = j < lens
+    answer = (valid & (j >= plen)).to(device)
     pad = data.num_positions
     here = torch.where(valid, start + j, pad).to(data.tokens.device)
     prev = torch.where(valid & (j > 0), start + j - 1, pad).to(data.tokens.device)
@@ -463,6 +476,7 @@ def _gather(data: TrainingData, seqs: list[int], to_draft: torch.Tensor, device:
         feat_out=data.features[here].to(device, torch.float32),
         labels=torch.where(valid, labels, -100),
         valid=valid,
+        answer=answer,
     )
 
 
@@ -471,8 +485,12 @@ def _batch_loss(
     noise: torch.Generator | None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Loss of one padded batch, summed over the unrolled passes (pass ``k`` weighted by
-    ``unroll_weight ** (k - 1)``), and per pass: draft top-1 hits and labelled positions
-    (``[unroll]`` tensors on the device)."""
+    ``unroll_weight ** (k - 1)``; prompt positions by ``prompt_weight``), and per pass: draft
+    top-1 hits and labelled positions *in the answer* (``[unroll]`` tensors on the device).
+
+    Prompt positions still count a little: their keys are the context every draft attends to.
+    Only answer positions are ever drafted from, so only they are scored.
+    """
     feat_in = batch.feat_in
     if noise is not None and cfg.feature_noise > 0:
         u = torch.rand(feat_in.shape, generator=noise, device=feat_in.device)
@@ -480,21 +498,24 @@ def _batch_loss(
     emb = F.embedding(batch.tokens, embed_weight.float())
     outs = unrolled_features(head, emb, feat_in, cfg.unroll)
     j = torch.arange(batch.valid.shape[1], device=batch.valid.device)
+    scale = torch.where(batch.answer, 1.0, cfg.prompt_weight)  # [B, L]
     loss = emb.new_zeros(())
     hits, counts = [], []
     for k, g in enumerate(outs):  # masks as weights: no data-dependent shapes, no host sync
         mask = batch.valid & (j >= k)  # pass k + 1 starts where a depth-(k + 1) draft can
-        w = mask.float()
+        w = mask.float() * scale
         reg = (F.smooth_l1_loss(g, batch.feat_out, reduction="none").mean(-1) * w).sum() / w.sum().clamp(
-            min=1
+            min=1e-6
         )
         lab = torch.where(mask, batch.labels, -100)
-        n = (lab >= 0).sum()
         logits = F.linear(g, draft_lm)  # [B, L, Vd]
-        cls = F.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100, reduction="sum")
-        loss = loss + cfg.unroll_weight**k * (cfg.reg_weight * reg + cfg.cls_weight * cls / n.clamp(min=1))
-        hits.append(((logits.argmax(-1) == lab) & (lab >= 0)).sum())
-        counts.append(n)
+        ce = F.cross_entropy(logits.flatten(0, 1), lab.flatten(), ignore_index=-100, reduction="none")
+        wl = (w * (lab >= 0)).flatten()
+        cls = (ce * wl).sum() / wl.sum().clamp(min=1e-6)
+        loss = loss + cfg.unroll_weight**k * (cfg.reg_weight * reg + cfg.cls_weight * cls)
+        scored = (lab >= 0) & batch.answer
+        hits.append(((logits.argmax(-1) == lab) & scored).sum())
+        counts.append(scored.sum())
     return loss, torch.stack(hits), torch.stack(counts)
 
 
@@ -547,7 +568,8 @@ def train_head(
     For a sequence ``t_0 .. t_{L-1}`` with features ``f_0 .. f_{L-2}``, draft position ``j``
     (``0 <= j <= L-2``) sees ``(t_j, f_{j-1})`` (``f_{-1} = 0``) and is trained towards ``f_j``
     (smooth L1) and the label ``y_j`` (cross-entropy over the draft vocabulary; labels outside
-    it count for the feature loss only). With ``unroll > 1`` the later passes of
+    it count for the feature loss only); positions in the prompt weigh ``prompt_weight`` and
+    validation scores answer positions only. With ``unroll > 1`` the later passes of
     :func:`unrolled_features` are trained towards the same targets. Sequences of every
     ``val_every``-th prompt are held out for validation; the head keeps the weights of the epoch
     with the best validation top-1 (mean over passes). The learning rate warms up and decays
@@ -715,6 +737,7 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
     evals = {
         "chain": dict(num_steps=4, topk=1, num_draft_tokens=5),
         "tree": dict(num_steps=4, topk=4, num_draft_tokens=8),
+        "tree-16": dict(num_steps=6, topk=4, num_draft_tokens=16),  # a GPU verifies 16 nodes as fast as 8
     }
     accept = {
         name: evaluate_acceptance(runner, head, heldout, max_new=cfg.eval_tokens, stop_ids=stop_ids, **kw)

@@ -42,7 +42,7 @@ def test_tiny_training_run(tmp_path):
 
     with safe_open(out, framework="pt") as f:
         info = json.loads(f.metadata()["info"])
-    assert set(info["heldout_accept_length"]) == {"chain", "tree"}
+    assert set(info["heldout_accept_length"]) == {"chain", "tree", "tree-16"}
     assert all(v >= 1.0 for v in info["heldout_accept_length"].values())
 
 
@@ -188,14 +188,17 @@ def test_unrolled_pass_k_is_a_depth_k_draft_step(unroll):
         torch.testing.assert_close(outs[k - 1][0, j], expect, atol=1e-5, rtol=1e-5)
 
 
-def _flat_data(seqs: list[torch.Tensor], labels: list[torch.Tensor]) -> TrainingData:
-    """``seqs[s]`` ``[L, H]`` features (token = position index) as :class:`TrainingData`."""
+def _flat_data(
+    seqs: list[torch.Tensor], labels: list[torch.Tensor], prompt_lens: list[int] | None = None
+) -> TrainingData:
+    """``seqs[s]`` ``[L, H]`` features (token = position index) as :class:`TrainingData`; no
+    prompt positions unless ``prompt_lens`` says so."""
     lengths = [f.shape[0] for f in seqs]
     feats = torch.cat([*seqs, torch.zeros(1, seqs[0].shape[1])])
     tokens = torch.cat([torch.arange(n) for n in lengths] + [torch.zeros(1, dtype=torch.int64)])
     starts = torch.cumsum(torch.tensor([0, *lengths[:-1]]), 0).tolist()
     return TrainingData(tokens, feats, torch.cat([*labels, torch.tensor([-100])]), starts, lengths,
-                        list(range(len(seqs))))  # fmt: skip
+                        list(range(len(seqs))), prompt_lens or [0] * len(seqs))  # fmt: skip
 
 
 @torch.no_grad()
@@ -239,3 +242,35 @@ def test_unroll_loss_with_an_identity_head_shifts_the_inputs_and_masks_padding()
     cfg1 = TrainConfig(unroll=1, cls_weight=0.3, feature_noise=0.0)
     loss1, _, counts1 = _batch_loss(head, batch, embed_weight=embed, draft_lm=draft_lm, cfg=cfg1, noise=None)
     assert float(loss1) == pytest.approx(r1 + 0.3 * c1, rel=1e-5) and counts1.tolist() == [8]
+
+
+@torch.no_grad()
+def test_prompt_positions_are_down_weighted_and_never_scored():
+    """With prompt lengths (2, 1) and ``prompt_weight`` w, pass 1's feature and label losses are
+    means weighted w at prompt positions and 1 in the answer; hits and counts cover the answer."""
+    h, vocab, w = 32, 40, 0.25
+    head = _random_head(3)
+    gen = torch.Generator().manual_seed(4)
+    seqs = [torch.randn(n, h, generator=gen) for n in (5, 4)]
+    labels = [torch.randint(0, vocab, (n,), generator=gen) for n in (5, 4)]
+    data = _flat_data(seqs, labels, prompt_lens=[2, 1])
+    to_draft = torch.arange(vocab)
+    draft_lm = torch.randn(vocab, h, generator=gen)
+    embed = torch.randn(vocab, h, generator=gen)
+    cfg = TrainConfig(unroll=1, reg_weight=1.0, cls_weight=0.5, feature_noise=0.0, prompt_weight=w)
+    batch = _gather(data, [0, 1], to_draft, torch.device("cpu"))
+    loss, hits, counts = _batch_loss(head, batch, embed_weight=embed, draft_lm=draft_lm, cfg=cfg, noise=None)
+
+    reg, ce, weights, hit = [], [], [], 0
+    for f, y, plen in zip(seqs, labels, [2, 1]):
+        feat_in = torch.cat([torch.zeros(1, h), f[:-1]])
+        g = head.forward_dense(F.embedding(torch.arange(len(f)), embed)[None], feat_in[None])[0]
+        logits = F.linear(g, draft_lm)
+        reg.append(F.smooth_l1_loss(g, f, reduction="none").mean(-1))
+        ce.append(F.cross_entropy(logits, y, reduction="none"))
+        weights.append(torch.tensor([w if j < plen else 1.0 for j in range(len(f))]))
+        hit += int((logits.argmax(-1) == y)[plen:].sum())
+    r, c, wt = torch.cat(reg), torch.cat(ce), torch.cat(weights)
+    expect = float((r * wt).sum() / wt.sum() + 0.5 * (c * wt).sum() / wt.sum())
+    assert float(loss) == pytest.approx(expect, rel=1e-5)
+    assert counts.tolist() == [(5 - 2) + (4 - 1)] and hits.tolist() == [hit]
