@@ -609,6 +609,8 @@ def train_head(
                 torch.nn.utils.clip_grad_norm_(head.parameters(), 0.5)
                 opt.step()
                 total, count, step = total + loss.detach(), count + 1, step + 1
+            if count == 0:  # the budget ran out at this epoch's first batch: nothing new to score
+                break
             top1 = _validate(head, data, val, to_draft, kw)
             history.append({"train_loss": float(total) / max(count, 1), "val_top1": top1, "steps": step})
             logger.info("epoch %d: loss %.4f, validation top-1 by depth %s (%.0fs)", epoch + 1,
