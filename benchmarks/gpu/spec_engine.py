@@ -7,9 +7,9 @@
 For every configuration (plain decoding, EAGLE chain, EAGLE trees, n-gram) one Engine starts on the
 GPU with CUDA graphs on (the same engine, only ``--speculative-*`` differ), and for each batch size
 the held-out prompts of the head's training file (chat-templated, repeated to fill the batch) are
-generated greedily with ``max_new_tokens`` tokens. Output tokens/s is over the whole ``generate``
-call after an identical warm-up call (and a flush of the prefix cache); accept length is the mean
-of ``meta_info.spec_accept_length``. Outputs are compared with plain decoding token for token (``match``: the share of requests whose ids are
+generated greedily with ``max_new_tokens`` tokens; batch 1 serves the twelve prompts one after
+another. Output tokens/s is over the timed calls, which follow identical warm-up calls (and a
+flush of the prefix cache); accept length is tokens per verify over all requests. Outputs are compared with plain decoding token for token (``match``: the share of requests whose ids are
 identical; bf16 verify passes and decode steps may round differently, so this can fall below 1
 without a bug: the float32 tests are the correctness check).
 """
@@ -48,19 +48,31 @@ def _prompts(tokenizer_path: str | None, model: str | None) -> list[str]:
 
 
 def _run(engine: Any, prompts: list[str], batch: int, max_new: int) -> dict[str, Any]:
-    batch_prompts = [prompts[i % len(prompts)] for i in range(batch)]
+    """One timed pass at ``batch``. Batch 1 serves every prompt in turn, one request at a time, so
+    its accept length covers all the held-out prompts, not the first one only; larger batches
+    take the prompts round-robin to fill one ``generate`` call."""
+    if batch == 1:
+        rounds = [[p] for p in prompts]
+    else:
+        rounds = [[prompts[i % len(prompts)] for i in range(batch)]]
     params = {"max_new_tokens": max_new, "temperature": 0}
-    # warm-up: the same call, so kernels compiled for this batch's shapes and graphs captured on
+    # warm-up: the same calls, so kernels compiled for this batch's shapes and graphs captured on
     # first use (EAGLE draft graphs per key width) are not timed
-    engine.generate(batch_prompts, sampling_params=params)
-    engine.flush_cache()  # the timed call prefills again (a cached prompt would start EAGLE's draft late)
+    for r in rounds:
+        engine.generate(r, sampling_params=params)
+    engine.flush_cache()  # the timed calls prefill again (a cached prompt would start EAGLE's draft late)
+    outs: list[dict[str, Any]] = []
     t = time.perf_counter()
-    outs = engine.generate(batch_prompts, sampling_params=params)
+    for r in rounds:
+        outs += engine.generate(r, sampling_params=params)
     dt = time.perf_counter() - t
     toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    accept = [o["meta_info"].get("spec_accept_length", 0.0) for o in outs]
-    return {"seconds": dt, "output_tokens": toks, "tok_s": toks / dt,
-            "accept_length": sum(accept) / len(accept), "ids": [o["output_ids"] for o in outs]}  # fmt: skip
+    metas = [o["meta_info"] for o in outs]
+    verifies = sum(m.get("spec_verify_ct", 0) for m in metas)
+    accepted = sum(m.get("spec_accept_length", 0.0) * m.get("spec_verify_ct", 0) for m in metas)
+    accept = accepted / verifies if verifies else 0.0  # tokens per verify over all requests
+    return {"seconds": dt, "output_tokens": toks, "tok_s": toks / dt, "requests": len(outs),
+            "accept_length": accept, "ids": [o["output_ids"] for o in outs]}  # fmt: skip
 
 
 def main() -> None:
