@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.layers.cpu_matmul import use_weight_major, weight_major_linear
 from phloem.runtime.layers.fusion import use_skinny
 from phloem.runtime.layers.linear import linear_rows
 from torch import nn
@@ -63,4 +64,6 @@ class LMHead(nn.Module):
             from phloem.runtime.layers.skinny_gemm import skinny_linear
 
             return skinny_linear(hidden, weight, out_dtype=torch.float32)
+        if use_weight_major(hidden, weight):
+            return weight_major_linear(hidden, weight)
         return F.linear(hidden, weight).float()

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.layers.cpu_matmul import use_weight_major, weight_major_linear
 from phloem.runtime.layers.fusion import use_skinny
 from torch import nn
 
@@ -73,6 +74,8 @@ class Linear(nn.Module):
             from phloem.runtime.layers.skinny_gemm import skinny_linear
 
             return skinny_linear(x, self.weight, self.bias)
+        elif use_weight_major(x, self.weight):
+            return weight_major_linear(x, self.weight, self.bias)
         else:
             return F.linear(x, self.weight, self.bias)
         return y + self.bias if self.bias is not None else y

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from phloem.runtime.attention.base import varying_shape_sdpa
 from phloem.runtime.host_copy import pack_to_device, to_device
+from phloem.runtime.layers.cpu_matmul import use_weight_major, weight_major_linear
 from phloem.runtime.layers.fusion import use_fused
 from phloem.runtime.layers.rotary import rope_inv_freq
 from phloem.runtime.speculative.tree import DraftTree
@@ -634,7 +635,9 @@ class EagleDraftWorker:
     def _top(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` best draft tokens after features ``g`` ``[..., H]``: their log probabilities
         and draft-vocabulary indices, ``[..., k]`` each, best first."""
-        logits = F.linear(g, self.lm_weight).float()  # [..., Vd]
+        w = self.lm_weight
+        logits = weight_major_linear(g, w) if use_weight_major(g, w) else F.linear(g, w)
+        logits = logits.float()  # [..., Vd]
         top, idx = _topk(logits, k)
         return top - torch.logsumexp(logits, dim=-1, keepdim=True), idx
 
