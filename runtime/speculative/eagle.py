@@ -41,6 +41,7 @@ from phloem.runtime.attention.base import varying_shape_sdpa
 from phloem.runtime.host_copy import pack_to_device, to_device
 from phloem.runtime.layers.cpu_matmul import use_weight_major, weight_major_linear
 from phloem.runtime.layers.fusion import use_fused
+from phloem.runtime.layers.linear import Linear
 from phloem.runtime.layers.rotary import rope_inv_freq
 from phloem.runtime.speculative.tree import DraftTree
 from torch import nn
@@ -132,7 +133,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 class EagleHead(nn.Module):
     """``fc`` + one Llama decoder layer (module docstring). Parameters only; attention over a
-    cache is done by the caller through :meth:`project` and :meth:`finish`."""
+    cache is done by the caller through :meth:`project` and :meth:`finish`. The projections are
+    the runtime's :class:`Linear` (the target's few-row routes: the skinny kernel on CUDA in
+    16-bit dtypes, weight-major on the CPU; ``F.linear`` elsewhere, training included)."""
 
     token_map: torch.Tensor
     inv_freq: torch.Tensor
@@ -142,13 +145,13 @@ class EagleHead(nn.Module):
         self.cfg = cfg
         h, hq, hk, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         self.split = [hq * d, hk * d, hk * d]
-        self.fc = nn.Linear(2 * h, h, bias=True)
+        self.fc = Linear(2 * h, h, bias=True)
         self.input_norm = nn.Parameter(torch.ones(h))
-        self.qkv_proj = nn.Linear(h, sum(self.split), bias=False)
-        self.o_proj = nn.Linear(hq * d, h, bias=False)
+        self.qkv_proj = Linear(h, sum(self.split), bias=False)
+        self.o_proj = Linear(hq * d, h, bias=False)
         self.post_norm = nn.Parameter(torch.ones(h))
-        self.gate_up_proj = nn.Linear(h, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+        self.gate_up_proj = Linear(h, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = Linear(cfg.intermediate_size, h, bias=False)
         self.register_buffer("token_map", torch.arange(cfg.draft_vocab_size), persistent=False)
         self.register_buffer("inv_freq", rope_inv_freq(d, cfg.rope_theta), persistent=False)
 
