@@ -26,6 +26,7 @@ from typing import Any
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "plain": {},
+    "eagle-default": {"speculative_algorithm": "EAGLE"},  # the engine's defaults: a chain of 3
     "eagle-chain-4": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4, "speculative_eagle_topk": 1,
                       "speculative_num_draft_tokens": 5},
     "eagle-tree-8": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4, "speculative_eagle_topk": 4,
