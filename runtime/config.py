@@ -63,6 +63,7 @@ class EngineArgs:
     enable_priority_scheduling: bool = _opt(False, "order by request priority and preempt lower ones")
     priority_preemption_threshold: int = _opt(10, "min priority gap for a waiting request to preempt")
     disable_overlap_schedule: bool = _opt(False, "process step N's results before launching step N+1")
+    enable_cpu_overlap_schedule: bool = _opt(False, "the overlap loop on the CPU too (off by default: it shares the cores)")
     enable_deterministic_inference: bool = _opt(False, "batch-invariant kernels: same text in any batch")
     stream_interval: int = _opt(1, "send streaming output every N tokens")
     log_interval: int = _opt(40, "decode steps between two log lines")

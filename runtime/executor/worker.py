@@ -8,7 +8,9 @@ so by the time step N+1 resolves its futures, step N has stored them.
 On a GPU the same contract maps to a CUDA stream (the future buffer lives on the device and the
 resolve is a ``torch.where``, or a copy of one slice of it when the step's rows wait on the previous
 step's rows in order, the steady state of decoding); on the CPU the thread gives the overlap: the
-scheduler does its bookkeeping while the thread runs the model.
+scheduler does its bookkeeping while the thread runs the model. The CPU runs this loop only when
+asked (``--enable-cpu-overlap-schedule``): both share the same cores, and on few of them the
+thread slows the model more than it hides (``scheduler.builder.use_overlap``).
 
 Host-tier KV loads (CUDA): the hierarchical cache stages them on the runner's ``kv_loader`` while
 the scheduler admits requests; ``submit`` takes every load staged since the previous ``submit`` and

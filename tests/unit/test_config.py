@@ -35,3 +35,15 @@ def test_bad_choice_is_rejected_by_the_cli():
 def test_config_doc_is_generated_from_the_fields():
     doc = Path(__file__).resolve().parents[2] / "docs" / "config.md"
     assert doc.read_text() == config_markdown(), "regenerate: python -m phloem.runtime.config > docs/config.md"
+
+
+def test_overlap_loop_runs_on_cuda_by_default_and_on_the_cpu_only_when_asked():
+    from phloem.runtime.scheduler.builder import use_overlap
+
+    assert use_overlap(EngineArgs(), "cuda")
+    assert not use_overlap(EngineArgs(), "cpu")
+    assert use_overlap(EngineArgs(enable_cpu_overlap_schedule=True), "cpu")
+    assert not use_overlap(EngineArgs(disable_overlap_schedule=True), "cuda")
+    assert not use_overlap(EngineArgs(disable_overlap_schedule=True, enable_cpu_overlap_schedule=True), "cpu")
+    assert not use_overlap(EngineArgs(speculative_algorithm="NGRAM"), "cuda")
+    assert not use_overlap(EngineArgs(speculative_algorithm="NGRAM", enable_cpu_overlap_schedule=True), "cpu")
