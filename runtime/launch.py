@@ -119,6 +119,8 @@ def check_supported(args: EngineArgs) -> None:
             "--kv-cache-dtype fp8_e4m3 is not read by --attention-backend flashinfer; "
             "use triton or torch_ref (auto picks one of them)"
         )
+    if args.num_continuous_decode_steps < 1:
+        raise ValueError(f"--num-continuous-decode-steps must be >= 1, got {args.num_continuous_decode_steps}")
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:

@@ -46,6 +46,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         "disable_overlap_schedule": args.no_overlap,
         "disable_cuda_graph": args.no_cuda_graph,
         "max_running_requests": max(args.batch, 1),
+        "num_continuous_decode_steps": args.decode_steps,
     }
     if args.spec:
         kw.update(
@@ -233,6 +234,7 @@ def main() -> None:
                    help="what the timed and profiled windows cover")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--decode-steps", type=int, default=1, help="--num-continuous-decode-steps")
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--spec", default=None, choices=[None, "EAGLE", "NGRAM"])
     p.add_argument("--head", default=None)

@@ -96,6 +96,11 @@ class ForwardInput:
     return_hidden_states: bool = False
     # Rows whose sampled token is thrown away (a chunked prefill that is not finished yet).
     # They are still sampled so shapes stay static; the scheduler ignores their token.
+    # Continuous decode (``--num-continuous-decode-steps``): a DECODE batch that runs this many
+    # steps back to back, each feeding its sampled tokens to the next on the device. The fields
+    # above describe step 0; ``step_slots[j]`` ([steps, B], host) are the slots step j writes.
+    decode_steps: int = 1
+    step_slots: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -143,6 +148,23 @@ class ForwardInput:
         )  # fmt: skip
 
 
+def decode_step_input(fi: ForwardInput, j: int, input_ids: torch.Tensor) -> ForwardInput:
+    """Step ``j`` of continuous decode batch ``fi``: one token per row at position ``prefix + j``,
+    written to ``step_slots[j]``, reading ``input_ids`` (step ``j - 1``'s sampled tokens)."""
+    assert fi.mode == ForwardMode.DECODE and fi.step_slots is not None and 0 <= j < fi.decode_steps
+    prefix = fi.prefix_lens + j if j else fi.prefix_lens
+    return dataclasses.replace(
+        fi,
+        input_ids=input_ids,
+        positions=prefix,
+        out_slots=fi.step_slots[j],
+        seq_lens=fi.seq_lens + j if j else fi.seq_lens,
+        prefix_lens=prefix,
+        decode_steps=1,
+        step_slots=None,
+    )
+
+
 def _tensor_fields(info: SamplingInfo) -> list[torch.Tensor | None]:
     """Every field of ``info`` in order: the tensors, and None for the rest."""
     return [v if isinstance(v, torch.Tensor) else None for v in vars(info).values()]
@@ -182,8 +204,18 @@ class ForwardOutput:
     copy_done: torch.cuda.Event | None = None  # None on CPU: already valid
     logprobs: list[TokenLogprobs] | None = None  # per request, when asked
     hidden_states: torch.Tensor | None = None  # [T, H] for speculative drafting, when asked
+    # A continuous decode batch: each step's output in order (this object's own fields are the
+    # last step's, whose tokens the next batch reads).
+    steps: list[ForwardOutput] | None = None
 
     def synchronize(self) -> list[int]:
         if self.copy_done is not None:
             self.copy_done.synchronize()
         return self.next_token_ids_cpu.tolist()
+
+    def synchronize_steps(self) -> list[list[int]]:
+        """Tokens ``[step][row]`` of a continuous decode batch (one step: ``[synchronize()]``)."""
+        if self.steps is None:
+            return [self.synchronize()]
+        self.synchronize()  # the steps ran in order on one stream: the last copy is the last done
+        return [s.next_token_ids_cpu.tolist() for s in self.steps]

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 from phloem.runtime.cache.host_pool import KVLoad
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput
+from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput, decode_step_input
 from phloem.runtime.host_copy import to_device
 
 
@@ -99,10 +99,35 @@ class InlineWorker:
 
     def _run(self, fi: ForwardInput, future_ids: range | None, loads: Sequence[KVLoad]) -> ForwardOutput:
         fi.input_ids = self.future_map.resolve(fi.input_ids)
-        out = self.runner.forward(fi, kv_loads=loads) if loads else self.runner.forward(fi)
+        if fi.decode_steps > 1:
+            out = self._run_steps(fi, loads)
+        else:
+            out = self.runner.forward(fi, kv_loads=loads) if loads else self.runner.forward(fi)
         if future_ids is not None:
             self.future_map.store(future_ids, out.next_token_ids)
         return out
+
+    def _run_steps(self, fi: ForwardInput, loads: Sequence[KVLoad]) -> ForwardOutput:
+        """A continuous decode batch: its steps back to back, each step's sampled tokens (still on
+        the device) the next step's input; the host reads none of them in between. Sampling
+        tensors move to the device once for all steps."""
+        device = getattr(self.runner, "device", None)
+        if device is not None and torch.device(device).type != "cpu":
+            fi = fi.with_sampling_on(device)
+        ids = fi.input_ids
+        steps: list[ForwardOutput] = []
+        for j in range(fi.decode_steps):
+            step = decode_step_input(fi, j, ids)
+            out = self.runner.forward(step, kv_loads=loads) if loads and j == 0 else self.runner.forward(step)
+            ids = out.next_token_ids
+            steps.append(out)
+        last = steps[-1]
+        return ForwardOutput(
+            next_token_ids=last.next_token_ids,
+            next_token_ids_cpu=last.next_token_ids_cpu,
+            copy_done=last.copy_done,
+            steps=steps,
+        )
 
     def close(self) -> None:
         pass

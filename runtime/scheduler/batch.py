@@ -38,6 +38,9 @@ class ScheduledBatch:
     # step (the new token's position), the slot allocated for it, its seq_len and extend_len (1)
     # (write_decode_slots); saves gathering slots back out of the device-side req_to_token table.
     decode_index: torch.Tensor | None = None
+    # Continuous decode: steps run back to back, and ``[steps, B]`` host slots of each step.
+    decode_steps: int = 1
+    step_slots: torch.Tensor | None = None
 
     @property
     def is_prefill(self) -> bool:
@@ -81,6 +84,8 @@ def build_forward_input(
         extend_lens=extend,
         sampling=sampling,
         logprobs=logprobs,
+        decode_steps=batch.decode_steps,
+        step_slots=batch.step_slots,
     )
 
 
@@ -109,20 +114,33 @@ def gather_new_tokens(batch: ScheduledBatch) -> list[int]:
     return ids
 
 
-def write_decode_slots(req_to_token: torch.Tensor, reqs: Sequence[Req], slots: torch.Tensor) -> torch.Tensor:
-    """``req_to_token[row, kv_len] = slot`` for every decode row, as one indexed write (a device
-    table would otherwise take one small copy per row). Returns the host ``[5, B]`` index
-    (rows, kv_lens, slots, kv_lens + 1, ones) for :attr:`ScheduledBatch.decode_index`: every
+def write_decode_slots(
+    req_to_token: torch.Tensor, reqs: Sequence[Req], slots: torch.Tensor, steps: int = 1
+) -> torch.Tensor:
+    """``req_to_token[row, kv_len + j] = slot`` for every decode row and each of ``steps`` steps,
+    as one indexed write (a device table would otherwise take one small copy per row). ``slots``
+    holds ``steps`` slots per row, row after row. Returns the host ``[5, B]`` index (rows,
+    kv_lens, step 0's slots, kv_lens + 1, ones) for :attr:`ScheduledBatch.decode_index`: every
     per-row column of a decode ``ForwardInput`` in one tensor, filled in numpy (a torch op per
     column, or ``torch.tensor`` of a list, costs more than the whole fill at this size)."""
-    index = np.empty((5, len(reqs)), dtype=np.int64)
+    n = len(reqs)
+    index = np.empty((5, n), dtype=np.int64)
     index[0] = [r.req_pool_idx for r in reqs]
     index[1] = [r.kv_len for r in reqs]
-    index[2] = slots.numpy()
+    per_row = slots.numpy().reshape(n, steps)
+    index[2] = per_row[:, 0]
     np.add(index[1], 1, out=index[3])
     index[4] = 1
     host = torch.from_numpy(index)
-    (dev,) = pack_to_device([host[:3]], req_to_token.device)
+    if steps == 1:
+        write = host[:3]
+    else:  # (row, kv_len + j, slot j) for every row and step
+        write = torch.from_numpy(np.stack([
+            np.repeat(index[0], steps),
+            (index[1][:, None] + np.arange(steps)).reshape(-1),
+            per_row.reshape(-1),
+        ]))  # fmt: skip
+    (dev,) = pack_to_device([write], req_to_token.device)
     assert dev is not None
     rows, positions, new_slots = dev.unbind()
     req_to_token[rows, positions] = new_slots

@@ -112,6 +112,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         stream_interval=args.stream_interval,
         log_interval=args.log_interval,
         enable_jump_forward=jump_forward,
+        decode_steps=args.num_continuous_decode_steps,
     )
     spec = None
     if speculative:

@@ -98,3 +98,21 @@ class NewTokenRatio:
 
     def raise_to(self, value: float) -> None:
         self.value = max(self.value, min(value, 1.0))
+
+
+def decodes_ahead(req: Req) -> bool:
+    """Whether a request may take several decode steps before the host sees their tokens
+    (continuous decode): nothing about its next token may depend on the host reading the one
+    before. Logprobs are read per step; a grammar's mask follows every token; penalties count
+    output tokens on the host; a seeded stream is positioned per step; and the min_new_tokens
+    ban lifts at a step the host must see."""
+    p = req.params
+    return not (
+        req.return_logprob
+        or req.grammar is not None
+        or p.frequency_penalty
+        or p.presence_penalty
+        or p.repetition_penalty != 1.0
+        or p.sampling_seed is not None
+        or req.num_outputs_launched < p.min_new_tokens
+    )

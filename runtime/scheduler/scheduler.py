@@ -35,6 +35,7 @@ from phloem.runtime.scheduler.batch import (
 from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.policy import (
     NewTokenRatio,
+    decodes_ahead,
     order_waiting,
     ratio_after_retraction,
     retraction_order,
@@ -60,6 +61,8 @@ class SchedulerConfig:
     stream_interval: int = 1
     log_interval: int = 40
     enable_jump_forward: bool = False
+    # Decode steps launched as one (``--num-continuous-decode-steps``): see ``_continuous_steps``.
+    decode_steps: int = 1
 
 
 class Scheduler:
@@ -370,11 +373,49 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduledBatch | None:
         if self.spec is not None and self._all_spec_eligible():
             return self._schedule_spec_decode()
+        steps = self._continuous_steps()
+        if steps > 1:
+            return self._continuous_batch(steps)
         reqs, index = self._decode_rows()
         if not reqs:
             return None
         batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, decode_index=index)
         return self._decode_batch(batch, extend=1)
+
+    def _continuous_batch(self, steps: int) -> ScheduledBatch:
+        """Every decoding row with a slot for each of ``steps`` steps (``_continuous_steps``
+        checked they are free)."""
+        reqs = [r for r in self.running if r.wants_token]
+        slots = self.cache.alloc(len(reqs) * steps)
+        if slots is None:
+            raise RuntimeError("KV pool accounting error: no slots for a continuous decode batch")
+        index = write_decode_slots(self.req_pool.req_to_token, reqs, slots, steps)
+        for req in reqs:
+            req.extend_len = 1
+        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, decode_index=index, decode_steps=steps)
+        batch.step_slots = slots.view(len(reqs), steps).T.contiguous()  # [steps, B]
+        self.stats.continuous_decode_steps += steps
+        return self._decode_batch(batch, extend=1)
+
+    def _continuous_steps(self) -> int:
+        """Decode steps to launch as one batch (``--num-continuous-decode-steps``): the host
+        launches them back to back and reads their tokens together, so its per-step work is paid
+        once for all of them. Only when nothing waits to be admitted (a new request would wait
+        the whole batch), when every row can take several tokens unseen (``decodes_ahead``),
+        never past any row's ``max_new_tokens``, and when every step's slots are free now."""
+        steps = self.cfg.decode_steps
+        if steps <= 1 or self.spec is not None or self.waiting or self.chunked is not None or self.jumped:
+            return 1
+        if self.grammar is not None and self.grammar.pending:
+            return 1
+        reqs = [r for r in self.running if r.wants_token]
+        for req in reqs:
+            if not decodes_ahead(req):
+                return 1
+            steps = min(steps, req.remaining_new_tokens)
+        if not reqs or steps <= 1 or self.cache.available_size < steps * len(reqs):
+            return 1
+        return steps
 
     def _decode_batch(self, batch: ScheduledBatch, *, extend: int) -> ScheduledBatch:
         """Fill the per-row fields every decode step shares and count the step."""
@@ -384,7 +425,8 @@ class Scheduler:
         batch.discard = [False] * n
         batch.chunk = [False] * n
         batch.prefill_row = [False] * n
-        self.ratio.step()
+        for _ in range(batch.decode_steps):
+            self.ratio.step()
         self._decode_steps += 1
         return batch
 
@@ -450,12 +492,13 @@ class Scheduler:
         fi.return_hidden_states = self.spec is not None and self.spec.needs_hidden
         batch.future_ids = future_ids
         is_prefill = batch.is_prefill
+        steps = batch.decode_steps  # tokens per row: each step computes one and samples one
         rows = zip(batch.reqs, batch.extend_lens, batch.discard, batch.prefill_row, future_ids, strict=True)
         for req, extend, discard, prefill_row, future in rows:
-            req.kv_len += extend
+            req.kv_len += extend * steps
             if not discard:
-                req.pending_outputs += 1
-                req.future_ref = future
+                req.pending_outputs += steps
+                req.future_ref = future  # the last step's token
             if prefill_row:
                 passes = self._prefilling.get(id(req), (req, 0))[1]
                 self._prefilling[id(req)] = (req, passes + 1)
@@ -483,6 +526,9 @@ class Scheduler:
             self._process_spec(batch, fut.result())
             return
         out = fut.result()
+        if batch.decode_steps > 1:
+            self._process_continuous(batch, out.synchronize_steps())
+            return
         tokens = out.synchronize()
         # Requests that finished while this step was queued are released now that it is done.
         self._release_deferred()
@@ -499,6 +545,22 @@ class Scheduler:
                 self._log_decode()
         else:
             self._log_prefill(batch)
+
+    def _process_continuous(self, batch: ScheduledBatch, per_step: list[list[int]]) -> None:
+        """A continuous decode batch: each row's tokens from every step, appended at once; stops
+        are checked over all of them, and tokens past a stop are dropped (their KV slots are
+        freed with the request, past ``kv_len``'s known tokens)."""
+        self._release_deferred()
+        steps = len(per_step)
+        for r, req in enumerate(batch.reqs):
+            req.pending_outputs -= steps
+            if not req.finished:
+                self._append_tokens(req, [tokens[r] for tokens in per_step])
+        self._drop_finished_running()
+        self.outputs.flush()
+        self._tokens_since_log += steps * len(batch.reqs)
+        if self._decode_steps % self.cfg.log_interval == 0:
+            self._log_decode()
 
     def _is_plain_decode(self, batch: ScheduledBatch, out: ForwardOutput) -> bool:
         """Every row decodes one kept token, with no logprobs and no drafter to follow."""
@@ -618,7 +680,8 @@ class Scheduler:
         )
 
     def _append_tokens(self, req: Req, tokens: list[int]) -> None:
-        """Several tokens from one speculative step (no logprobs: see eligibility). A grammar
+        """Several tokens from one speculative step or continuous decode batch (no logprobs: see
+        eligibility). A grammar
         advances over them in order; the first token that terminates it ends the output."""
         if req.grammar is not None:
             for j, token in enumerate(tokens):
@@ -839,6 +902,7 @@ class Scheduler:
             "evictable_tokens": self.cache.evictable_size,
             "new_token_ratio": self.ratio.value,
             "jump_forward_tokens_total": s.jump_forward_tokens,
+            "continuous_decode_steps_total": s.continuous_decode_steps,
             **self.cache.tier_stats(),
         }
 
@@ -882,6 +946,7 @@ class SchedulerCounters:
     num_retracted: int = 0
     gen_throughput: float = 0.0
     jump_forward_tokens: int = 0
+    continuous_decode_steps: int = 0  # decode steps run inside continuous decode batches
 
 
 def _too_big() -> FinishReason:

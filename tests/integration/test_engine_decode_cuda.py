@@ -7,7 +7,8 @@ must be identical, token for token:
 
 - batch 1 with and without CUDA graphs (eager decode runs the same kernels at the same size);
 - batches of 1 and 6 with PDL on and off (the same graphs; a missing wait would read stale
-  activations and change tokens).
+  activations and change tokens);
+- continuous decode (several steps per launch, each step's tokens fed to the next on the device).
 
 Uses the default model when it is installed; with ``PHLOEM_TEST_TOKENIZER`` set (a tokenizer
 folder), dummy weights of the default model's shape instead.
@@ -59,3 +60,11 @@ def test_pdl_changes_no_token(graphs_pdl, monkeypatch) -> None:
 def test_batch_one_graphs_equal_eager_decode(graphs_pdl, monkeypatch) -> None:
     alone, _ = _ids(monkeypatch, pdl=True, disable_cuda_graph=True)
     assert alone == graphs_pdl[0]
+
+
+def test_continuous_decode_changes_no_token(graphs_pdl, monkeypatch) -> None:
+    """Eight decode steps per launch (graph replays fed on the device): the same ids alone and
+    in the batch of six."""
+    alone, batch = _ids(monkeypatch, pdl=True, num_continuous_decode_steps=8)
+    assert alone == graphs_pdl[0]
+    assert batch == graphs_pdl[1]

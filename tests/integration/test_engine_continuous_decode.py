@@ -1,0 +1,51 @@
+"""Continuous decode through the Engine on the default model: with
+``num_continuous_decode_steps=4`` the 12 prompts of the speculative test (mixed lengths, stop
+strings, two rows constrained by a JSON schema) give the token ids of one-step decoding; without
+the constrained rows the batch runs mostly continuous batches, and still gives the same ids."""
+
+from __future__ import annotations
+
+import pytest
+
+from phloem import Engine
+from tests.integration.test_engine_speculative import CONSTRAINED, PARAMS, PROMPTS
+
+FREE = [i for i in range(len(PROMPTS)) if i not in CONSTRAINED]
+
+
+def _generate(**kw):
+    with Engine(log_level="warning", **kw) as eng:
+        mixed = eng.generate(PROMPTS, sampling_params=PARAMS)
+        steps_mixed = eng.get_server_info()["live"]["continuous_decode_steps_total"]
+        free = eng.generate([PROMPTS[i] for i in FREE], sampling_params=[PARAMS[i] for i in FREE])
+        steps_all = eng.get_server_info()["live"]["continuous_decode_steps_total"]
+        return mixed, free, steps_mixed, steps_all
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return _generate(), _generate(num_continuous_decode_steps=4)
+
+
+def test_continuous_decode_gives_the_one_step_tokens(runs):
+    (mixed_ref, free_ref, _, zero), (mixed, free, _, _) = runs
+    assert zero == 0
+    for got, want in zip([*mixed, *free], [*mixed_ref, *free_ref]):
+        assert got["output_ids"] == want["output_ids"]
+        assert got["text"] == want["text"]
+        assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    stops = [o["meta_info"]["finish_reason"]["type"] for o in free]
+    assert "stop" in stops and "length" in stops
+
+
+def test_continuous_batches_ran_and_constrained_rows_kept_single_steps(runs):
+    _, (_, free, steps_mixed, steps_all) = runs
+    longest = max(o["meta_info"]["completion_tokens"] for o in free)
+    # the second call's rows decode mostly in batches of four steps (a batch ends early only where
+    # a row has fewer than four tokens left)
+    assert steps_all - steps_mixed >= 0.6 * (longest - 1)
+
+
+def test_bad_step_count_is_refused():
+    with pytest.raises(ValueError, match="num-continuous-decode-steps"):
+        Engine(num_continuous_decode_steps=0)

@@ -1,0 +1,170 @@
+"""Continuous decode (``--num-continuous-decode-steps``): several decode steps launched as one
+batch, each feeding its tokens to the next without the host. Scheduler loop with the position
+model of ``test_scheduler_loop``, whose runner here also checks that every decode step reads the
+token the step before it sampled."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
+from phloem.runtime.sampling.params import SamplingParams
+from phloem.runtime.sampling.stop import StopChecker
+from phloem.runtime.scheduler.batch import write_decode_slots
+from phloem.runtime.scheduler.policy import decodes_ahead
+from phloem.runtime.scheduler.req import Req
+
+from tests.unit.test_scheduler_loop import EOS, FakeRunner, Harness, expected, token_after
+
+
+class FeedRunner(FakeRunner):
+    """A decode step's input must be the token sampled after the position before it."""
+
+    def __init__(self, pool_slots: int) -> None:
+        super().__init__(pool_slots)
+        self.decode_inputs = 0
+
+    def forward(self, fi) -> ForwardOutput:
+        if fi.mode == ForwardMode.DECODE:
+            want = torch.tensor([token_after(int(p) - 1) for p in fi.positions])
+            assert torch.equal(fi.input_ids, want), (fi.input_ids, want)
+            self.decode_inputs += fi.batch_size
+        return super().forward(fi)
+
+
+def harness(*, steps: int, overlap: bool, pool: int = 4096, **kw) -> tuple[Harness, list[int]]:
+    """A harness whose worker records each launched batch's step count."""
+    h = Harness(pool=pool, overlap=overlap, decode_steps=steps, runner=FeedRunner(pool + 1), **kw)
+    launched: list[int] = []
+    submit = h.s.worker.submit
+
+    def record(fi, future_ids):
+        if fi.mode == ForwardMode.DECODE:
+            launched.append(fi.decode_steps)
+        return submit(fi, future_ids)
+
+    h.s.worker.submit = record
+    return h, launched
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("steps", [2, 4, 8])
+def test_outputs_equal_single_steps_and_max_new_tokens_holds(overlap, steps):
+    h, launched = harness(steps=steps, overlap=overlap)
+    lens, max_new = [5, 17, 40, 3], [12, 7, 30, 1]
+    for i, (n, m) in enumerate(zip(lens, max_new)):
+        h.add(f"r{i}", list(range(100 + i, 100 + i + n)), max_new=m)
+    h.run()
+    out = h.outputs()
+    for i, (n, m) in enumerate(zip(lens, max_new)):
+        assert out[f"r{i}"] == expected(n, m)
+    assert all(f["type"] == "length" for f in h.finished().values())
+    assert max(launched) == steps  # batches of several steps ran...
+    assert h.runner.decode_inputs == sum(max_new) - len(lens)  # ...and no token was computed twice
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_stop_token_inside_a_batch_drops_the_tokens_after_it(overlap):
+    h, launched = harness(steps=8, overlap=overlap, pool=1024)
+    third = token_after(10 - 1 + 2)
+    h.add("stop", list(range(100, 110)), max_new=20, stop_token_ids=[third])
+    h.run()  # also checks that every slot of the dropped tokens came back
+    assert h.outputs()["stop"] == expected(10, 3)
+    assert h.finished()["stop"] == {"type": "stop", "matched": third}
+    assert 8 in launched
+
+
+def test_rows_that_need_the_host_every_step_keep_single_steps():
+    h, launched = harness(steps=4, overlap=False)
+    h.add("plain", list(range(100, 110)), max_new=10)
+    h.add("lp", list(range(200, 210)), max_new=10, ignore_eos=True)
+    h.s.waiting[-1].return_logprob = True
+    h.run()
+    assert h.outputs()["plain"] == expected(10, 10)
+    assert set(launched) == {1}
+
+
+def test_waiting_requests_are_admitted_between_batches():
+    h, launched = harness(steps=4, overlap=False)
+    h.add("a", list(range(100, 110)), max_new=20)
+    h.s.step()  # prefill of a
+    h.s.step()  # a decodes 4 steps at once
+    assert launched == [4]
+    h.add("b", list(range(300, 320)), max_new=6)
+    h.s.step()  # b is admitted now, not after a's remaining steps
+    assert h.s.waiting == [] and len(h.s.running) == 2
+    h.run()
+    assert h.outputs()["a"] == expected(10, 20)
+    assert h.outputs()["b"] == expected(20, 6)
+
+
+def test_small_pool_falls_back_to_single_steps_and_everyone_finishes():
+    h, launched = harness(steps=8, overlap=True, pool=300, max_running=16)
+    reqs = [h.add(f"r{i}", list(range(1000 + 50 * i, 1000 + 50 * i + 30)), max_new=60) for i in range(8)]
+    h.run()
+    out = h.outputs()
+    for r in reqs:
+        assert out[r.rid] == expected(30, 60), r.rid
+    assert 1 in launched and 8 in launched
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_random_requests_and_aborts_keep_the_pool_invariant(overlap):
+    rng = random.Random(1)
+    h, launched = harness(steps=4, overlap=overlap, pool=512, chunk=32, max_running=8)
+    reqs = []
+    for i in range(60):
+        ids = [rng.randint(10, 60) for _ in range(rng.randint(1, 40))]
+        reqs.append(h.add(f"r{i}", ids, max_new=rng.randint(0, 40)))
+        for _ in range(rng.randint(0, 6)):
+            h.s.step()
+        if rng.random() < 0.15:
+            h.s.abort(rng.choice(reqs).rid, message="test abort")
+    h.run()
+    fin = h.finished()
+    assert set(fin) == {r.rid for r in reqs}
+    out = h.outputs()
+    for r in reqs:
+        if fin[r.rid]["type"] == "length":
+            assert out.get(r.rid, []) == expected(r.prompt_len, r.params.max_new_tokens)
+    assert 4 in launched
+
+
+def _req(**kw) -> Req:
+    params = SamplingParams(max_new_tokens=16, **kw)
+    return Req(
+        rid="r", origin_input_ids=[5, 6], params=params, stop_checker=StopChecker(params, eos_token_ids={EOS})
+    )
+
+
+def test_decodes_ahead_excludes_what_the_host_reads_per_step():
+    assert decodes_ahead(_req())
+    assert decodes_ahead(_req(temperature=0.8, top_p=0.9, top_k=20, stop_token_ids=[9]))
+    assert not decodes_ahead(_req(frequency_penalty=0.5))
+    assert not decodes_ahead(_req(presence_penalty=0.5))
+    assert not decodes_ahead(_req(repetition_penalty=1.1))
+    assert not decodes_ahead(_req(sampling_seed=3))
+    banned = _req(min_new_tokens=2)
+    assert not decodes_ahead(banned)
+    banned.output_ids = [7, 8]
+    assert decodes_ahead(banned)
+    lp = _req()
+    lp.return_logprob = True
+    assert not decodes_ahead(lp)
+
+
+class _Row:
+    def __init__(self, row: int, kv_len: int) -> None:
+        self.req_pool_idx, self.kv_len = row, kv_len
+
+
+def test_write_decode_slots_fills_every_step_of_every_row():
+    table = torch.zeros(4, 16, dtype=torch.int64)
+    reqs = [_Row(1, 3), _Row(3, 7)]
+    slots = torch.tensor([11, 12, 13, 21, 22, 23])  # row after row, three steps each
+    index = write_decode_slots(table, reqs, slots, steps=3)
+    assert table[1, 3:6].tolist() == [11, 12, 13] and table[3, 7:10].tolist() == [21, 22, 23]
+    assert table.count_nonzero() == 6
+    assert index.tolist() == [[1, 3], [3, 7], [11, 21], [4, 8], [1, 1]]
