@@ -113,17 +113,6 @@ def bench_decode(shape: str, bs: int, context: int, bandwidth: float) -> list[di
     rows.append({"backend": "triton", "settings": "default (with KV write)", "ms": ms})
     k_buf, v_buf = pool.get_kv(0)
     out = torch.empty_like(q)
-    for merge, counters in (("merged in the split kernel", tri._counters), ("separate merge kernel", None)):
-
-        def run_merge(counters=counters):
-            decode_attention(
-                q, k_buf, v_buf, out, tri.part_o, tri.part_lse,
-                req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
-                seq_lens=fi.seq_lens, sm_scale=tri.scale, counters=counters,
-            )  # fmt: skip
-
-        ms = do_bench(run_merge, warmup=10, rep=50, return_mode="median")
-        rows.append({"backend": "triton", "settings": f"kernel only, default, {merge}", "ms": ms})
     for block_n, warps in DECODE_VARIANTS:
 
         def run(block_n=block_n, warps=warps):

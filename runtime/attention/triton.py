@@ -7,8 +7,7 @@ the batch size alone. Extend builds a per-batch table of (request, query block) 
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
@@ -34,19 +33,6 @@ class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
     _stored_layer = -1  # layer whose new K/V ``rotate`` already wrote (fused with RoPE)
 
-    def __init__(self, kv_pool: Any, req_to_token_pool: Any, *, num_heads: int) -> None:
-        super().__init__(kv_pool, req_to_token_pool, num_heads=num_heads)
-        # Decode merges its key splits inside the split kernel, counting finished splits per
-        # (request, KV head) here; the kernel leaves them zero. Sized for the largest batch a
-        # graph is captured at; a larger eager batch grows it (outside any capture).
-        # PHLOEM_DECODE_MERGE=separate keeps the merge kernel (A/B).
-        self._counters: torch.Tensor | None = None
-        if os.environ.get("PHLOEM_DECODE_MERGE", "fused") != "separate":
-            rows = max(int(req_to_token_pool.req_to_token.shape[0]), 512)
-            self._counters = torch.zeros(
-                rows * kv_pool.num_kv_heads, dtype=torch.int32, device=kv_pool.device
-            )
-
     def init_metadata(self, forward_input: ForwardInput) -> None:
         fi = forward_input
         self.mode = fi.mode
@@ -68,9 +54,6 @@ class TritonBackend(AttentionBackend):
             (batch, self.num_heads, splits, block_d), dtype=torch.float32, device=device
         )
         self.part_lse = torch.empty((batch, self.num_heads, splits), dtype=torch.float32, device=device)
-        need = batch * self.kv_pool.num_kv_heads
-        if self._counters is not None and self._counters.numel() < need:
-            self._counters = torch.zeros(2 * need, dtype=torch.int32, device=device)
 
     def rotate(
         self,
@@ -125,5 +108,5 @@ class TritonBackend(AttentionBackend):
             q, k_buf, v_buf, out, self.part_o, self.part_lse,
             req_to_token=self.req_to_token_pool.req_to_token,
             req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens, sm_scale=self.scale,
-            k_scale=k_scale, v_scale=v_scale, counters=self._counters,
+            k_scale=k_scale, v_scale=v_scale,
         )  # fmt: skip

@@ -144,17 +144,13 @@ def _extend_kernel(
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr,
     req_to_token_ptr, req_idx_ptr, seq_lens_ptr,
-    out_ptr, counter_ptr,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt, stride_ot, stride_oh,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
     sm_scale, k_scale, v_scale,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, FUSE_MERGE: tl.constexpr,
-    FP32_DOT: tl.constexpr, PDL: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # grid: (requests, kv heads, splits); one program serves all GROUP query heads of its KV head.
-    # FUSE_MERGE: the last split of a (request, KV head) to finish merges all of them into ``out``
-    # (counted in ``counter_ptr``), which saves the merge kernel's launch on every layer.
+    # grid: (requests, kv heads, splits); one program serves all GROUP query heads of its KV head
     pdl_trigger(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
@@ -198,33 +194,6 @@ def _decode_split_kernel(
     base = (b * NUM_Q_HEADS + heads) * NUM_SPLITS + split  # [H]
     tl.store(part_lse_ptr + base, lse, mask=h_mask)
     tl.store(part_o_ptr + base[:, None] * BLOCK_D + offs_d[None, :], o, mask=h_mask[:, None])
-    if FUSE_MERGE:
-        counter = counter_ptr + b * tl.num_programs(1) + kv_head
-        tl.debug_barrier()  # every thread's stores above precede the release of the count
-        done = tl.atomic_add(counter, 1, sem="acq_rel")
-        if done == NUM_SPLITS - 1:  # the others' partials are visible (acquire); merge them
-            first = (b * NUM_Q_HEADS + heads) * NUM_SPLITS  # [H]
-            offs_s = tl.arange(0, BLOCK_S)
-            every = h_mask[:, None] & (offs_s < NUM_SPLITS)[None, :]
-            lses = tl.load(part_lse_ptr + first[:, None] + offs_s[None, :], mask=every,
-                           other=float("-inf"), cache_modifier=".cg")  # fmt: skip
-            m = tl.where(h_mask, tl.max(lses, 1), 0.0)  # finite: split 0 always holds key 0
-            num = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-            den = tl.zeros([BLOCK_H], tl.float32)
-            for s in range(NUM_SPLITS):
-                w = tl.exp(tl.load(part_lse_ptr + first + s, mask=h_mask, other=float("-inf"),
-                                   cache_modifier=".cg") - m)  # fmt: skip
-                part = tl.load(part_o_ptr + (first + s)[:, None] * BLOCK_D + offs_d[None, :],
-                               mask=h_mask[:, None], other=0.0, cache_modifier=".cg")  # fmt: skip
-                num += part * w[:, None]
-                den += w
-            merged = num / tl.where(den == 0.0, 1.0, den)[:, None]
-            tl.store(
-                out_ptr + b.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
-                merged.to(out_ptr.dtype.element_ty),
-                mask=h_mask[:, None] & d_mask[None, :],
-            )
-            tl.atomic_xchg(counter, 0)  # ready for the next layer's launch (and graph replay)
 
 
 @triton.jit
@@ -364,15 +333,11 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int | None = None,
-    counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
     ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` (float32) are scratch, with
     ``S`` from :func:`decode_num_splits`. ``k_scale``, ``v_scale``: as in :func:`extend_attention`.
-    ``counters``: int32 zeros, at least ``B * Hkv`` (left zero again): the splits merge inside the
-    split kernel, the last one of each (request, KV head) to finish doing it; without them a
-    second kernel merges. One launch instead of two per layer, the same result to rounding.
     ``block_n``, ``num_warps``, ``num_stages``: tuning
     knobs (keys per loop step, default 64, 32 for float32). For head dim 128 the default is 2
     warps and 3 stages: within 1% of the best of 54 settings swept by ``attention_bench.py
@@ -387,25 +352,18 @@ def decode_attention(
     fp32 = q.dtype == torch.float32
     block_d = _block_d(head_dim)
     pdl = pdl_enabled(q.device)
-    fuse = counters is not None
-    if fuse and counters.numel() < batch * num_kv_heads:  # type: ignore[union-attr]
-        raise ValueError(f"decode counters hold {counters.numel()}, need {batch * num_kv_heads}")  # type: ignore[union-attr]
-    block_s = max(2, triton.next_power_of_2(num_splits))
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
         q, k_buf, v_buf, part_o, part_lse,
         req_to_token, req_pool_indices, seq_lens,
-        out, counters if fuse else seq_lens,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        req_to_token.stride(0), out.stride(0), out.stride(1),
+        req_to_token.stride(0),
         sm_scale, k_scale, v_scale,
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n or (32 if fp32 else 64),
-        NUM_SPLITS=num_splits, BLOCK_S=block_s, FUSE_MERGE=fuse, FP32_DOT=fp32, PDL=pdl,
+        NUM_SPLITS=num_splits, FP32_DOT=fp32, PDL=pdl,
         num_warps=num_warps or (4 if block_d < 128 else 8 if fp32 else 2),
         num_stages=num_stages or (3 if block_d >= 128 and not fp32 else 2), **launch_kwargs(pdl),
     )  # fmt: skip
-    if fuse:
-        return out
     _decode_merge_kernel[(batch, num_q_heads)](
         part_o, part_lse, out, out.stride(0), out.stride(1),
         NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
