@@ -12,6 +12,11 @@ scheduler does its bookkeeping while the thread runs the model. The CPU runs thi
 asked (``--enable-cpu-overlap-schedule``): both share the same cores, and on few of them the
 thread slows the model more than it hides (``scheduler.builder.use_overlap``).
 
+Continuous decode (``--num-continuous-decode-steps``): a decode ``ForwardInput`` with
+``decode_steps = K`` runs as ``K`` forward passes in a row (``_run_steps``), each reading the tokens
+the pass before it sampled, still on the device; only the last step's tokens go to the future map
+(the next batch reads nothing earlier), and the output carries every step's tokens.
+
 Host-tier KV loads (CUDA): the hierarchical cache stages them on the runner's ``kv_loader`` while
 the scheduler admits requests; ``submit`` takes every load staged since the previous ``submit`` and
 hands it to this step's forward pass, which lands it layer by layer. Taking them at submit, on the

@@ -11,6 +11,7 @@ from phloem import Engine
 from tests.integration.test_engine_speculative import CONSTRAINED, PARAMS, PROMPTS
 
 FREE = [i for i in range(len(PROMPTS)) if i not in CONSTRAINED]
+STREAM = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
 
 
 def _generate(**kw):
@@ -19,7 +20,8 @@ def _generate(**kw):
         steps_mixed = eng.get_server_info()["live"]["continuous_decode_steps_total"]
         free = eng.generate([PROMPTS[i] for i in FREE], sampling_params=[PARAMS[i] for i in FREE])
         steps_all = eng.get_server_info()["live"]["continuous_decode_steps_total"]
-        return mixed, free, steps_mixed, steps_all
+        chunks = list(eng.generate(PROMPTS[1], sampling_params=STREAM, stream=True))
+        return mixed, free, steps_mixed, steps_all, chunks
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +30,7 @@ def runs():
 
 
 def test_continuous_decode_gives_the_one_step_tokens(runs):
-    (mixed_ref, free_ref, _, zero), (mixed, free, _, _) = runs
+    (mixed_ref, free_ref, _, zero, _), (mixed, free, _, _, _) = runs
     assert zero == 0
     for got, want in zip([*mixed, *free], [*mixed_ref, *free_ref]):
         assert got["output_ids"] == want["output_ids"]
@@ -39,7 +41,7 @@ def test_continuous_decode_gives_the_one_step_tokens(runs):
 
 
 def test_continuous_batches_ran_and_constrained_rows_kept_single_steps(runs):
-    _, (_, free, steps_mixed, steps_all) = runs
+    _, (_, free, steps_mixed, steps_all, _) = runs
     longest = max(o["meta_info"]["completion_tokens"] for o in free)
     # the second call's rows decode mostly in batches of four steps (a batch ends early only where
     # a row has fewer than four tokens left)
@@ -49,3 +51,13 @@ def test_continuous_batches_ran_and_constrained_rows_kept_single_steps(runs):
 def test_bad_step_count_is_refused():
     with pytest.raises(ValueError, match="num-continuous-decode-steps"):
         Engine(num_continuous_decode_steps=0)
+
+
+def test_streaming_sends_the_tokens_of_a_batch_together(runs):
+    """A stream gets up to four tokens per chunk; the chunks add up to the one-step stream's text."""
+    (*_, ref_chunks), (*_, chunks) = runs
+    assert chunks[-1]["text"] == ref_chunks[-1]["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    texts = [c["text"] for c in chunks]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    assert 2 <= len(chunks) < len(ref_chunks)
