@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["pack_to_device", "to_device"]
+__all__ = ["pack_to_device", "to_device", "to_host_async"]
 
 # Host tensors at least this large and already pinned are copied on their own (packing would
 # add a host copy of them).
@@ -26,6 +26,23 @@ _PACK_LIMIT = 1 << 16
 # sizes packed before it, so on the batch) would make a kernel compile again mid-run.
 PACK_ALIGN_BYTES = 16
 _ZEROS: dict[torch.dtype, torch.Tensor] = {}  # padding between packed parts, one per dtype
+
+
+def to_host_async(t: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+    """A flat int64 host copy of ``t`` and, for a device tensor, the event that marks it filled.
+
+    Reading slot numbers back from the device-side ``req_to_token`` (a finished request's row,
+    for the radix tree and the allocator) with ``.to("cpu")`` would wait for every step queued on
+    the stream, the one in flight included: the overlap loop's next launch would then find the GPU
+    idle. The copy here lands in a pinned buffer in stream order and returns at once; whoever reads
+    the buffer's values must ``synchronize()`` the event first (by then it has usually fired)."""
+    if t.device.type == "cpu":
+        return t.detach().reshape(-1).to(dtype=torch.int64).clone(), None
+    host = torch.empty(t.numel(), dtype=torch.int64, pin_memory=True)
+    host.copy_(t.detach().reshape(-1), non_blocking=True)
+    event = torch.cuda.Event()
+    event.record()
+    return host, event
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -5,12 +5,16 @@ out. Slots ``1 .. num_slots - 1`` are usable, so ``total_size == num_slots - 1``
 
 Free slots live in one int64 tensor consumed from the front, plus a list of freed chunks that is
 concatenated onto it only when an allocation needs more than the front holds. ``alloc(n)`` is O(n)
-in the common case, ``free(slots)`` is O(len(slots)).
+in the common case, ``free(slots)`` is O(len(slots)). Freed device slots (rows of the device-side
+``req_to_token``) are copied back asynchronously; a chunk's event is awaited only at that merge.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from phloem.runtime.host_copy import to_host_async
 
 __all__ = ["SlotAllocatorError", "TokenSlotAllocator"]
 
@@ -44,6 +48,7 @@ class TokenSlotAllocator:
         """Mark every usable slot free. Mutates all state; earlier ``alloc`` results become stale."""
         self._free = torch.arange(1, self._num_slots, dtype=torch.int64)
         self._pending: list[torch.Tensor] = []
+        self._pending_ready: list[Any] = []  # per pending chunk: its copy's event, or None
         self._pending_size = 0
         self._is_free: torch.Tensor | None = None
         if self._check:
@@ -91,11 +96,16 @@ class TokenSlotAllocator:
         """
         if slots.numel() == 0:
             return
-        flat = slots.detach().reshape(-1).to(device="cpu", dtype=torch.int64).clone()
-        if self._is_free is not None:
+        if self._is_free is None:
+            # Device slots come back without waiting for the stream (``to_host_async``); the
+            # chunk is usable once its copy has landed, checked when pending chunks are merged.
+            flat, ready = to_host_async(slots)
+        else:
+            flat, ready = slots.detach().reshape(-1).to(device="cpu", dtype=torch.int64).clone(), None
             self._validate_free(flat)
             self._is_free[flat] = True
         self._pending.append(flat)
+        self._pending_ready.append(ready)
         self._pending_size += flat.numel()
 
     def free_slots(self) -> torch.Tensor:
@@ -108,8 +118,12 @@ class TokenSlotAllocator:
 
     def _merge_pending(self) -> None:
         if self._pending:
+            for ready in self._pending_ready:
+                if ready is not None:
+                    ready.synchronize()  # the slot numbers of a device-side free have landed
             self._free = torch.cat([self._free, *self._pending])
             self._pending = []
+            self._pending_ready = []
             self._pending_size = 0
 
     def _validate_free(self, flat: torch.Tensor) -> None:

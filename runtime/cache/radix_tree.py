@@ -26,9 +26,10 @@ import heapq
 import itertools
 from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
+from phloem.runtime.host_copy import to_host_async
 
 __all__ = ["HostTier", "MatchResult", "Node", "RadixTree"]
 
@@ -39,8 +40,8 @@ class Node:
     """One run of tokens in the tree. Fields are managed by ``RadixTree``; treat them as read-only."""
 
     __slots__ = (
-        "children", "parent", "key", "value", "host_value", "extra_key", "lock_ref", "last_access",
-        "depth", "hit_count", "from_storage",
+        "children", "parent", "key", "_value", "_ready", "host_value", "extra_key", "lock_ref",
+        "last_access", "depth", "hit_count", "from_storage",
     )  # fmt: skip
 
     def __init__(
@@ -56,6 +57,7 @@ class Node:
         self.children: dict[Hashable, Node] = {}
         self.parent = parent
         self.key = key
+        self._ready: Any = None  # event of the copy still filling ``_value`` (see ``value``)
         self.value = value  # int64 [len(key)] device slots, None when evicted to the host
         self.host_value = host_value  # int64 [len(key)] host-pool slots, None without a host copy
         self.extra_key = extra_key
@@ -66,6 +68,23 @@ class Node:
         self.from_storage = False  # host copy read from the storage tier and not yet used
 
     @property
+    def value(self) -> torch.Tensor | None:
+        """The node's device slots (host int64 tensor). A value read back from the device
+        (``to_host_async``) is waited for here, on first read, not when it was stored."""
+        if self._ready is not None:
+            self._ready.synchronize()
+            self._ready = None
+        return self._value
+
+    @value.setter
+    def value(self, value: torch.Tensor | None) -> None:
+        self._value, self._ready = value, None
+
+    def set_value_async(self, slots: torch.Tensor) -> None:
+        """``value = slots`` (copied to the host) without waiting for a device tensor's copy."""
+        self._value, self._ready = to_host_async(slots)
+
+    @property
     def is_leaf(self) -> bool:
         """True when the node has no children."""
         return not self.children
@@ -73,7 +92,7 @@ class Node:
     @property
     def on_device(self) -> bool:
         """The node's KV is in the device pool."""
-        return self.value is not None
+        return self._value is not None
 
     @property
     def on_host(self) -> bool:
@@ -83,14 +102,14 @@ class Node:
     @property
     def tier(self) -> str:
         """``"device"``, ``"host"`` or ``"both"``: where the node's KV lives."""
-        if self.value is not None:
+        if self._value is not None:
             return "both" if self.host_value is not None else "device"
         return "host"
 
     @property
     def is_device_leaf(self) -> bool:
         """On the device with no child on the device (the device tier's eviction frontier)."""
-        return self.value is not None and not any(c.value is not None for c in self.children.values())
+        return self._value is not None and not any(c._value is not None for c in self.children.values())
 
     def __repr__(self) -> str:
         head = list(self.key[:6]) + (["..."] if len(self.key) > 6 else [])
@@ -195,8 +214,8 @@ class RadixTree:
                 child = self._split(child, n)
             child.last_access = stamp
             node, pos = child, pos + n
-            if child.value is not None and not host_values:
-                values.append(child.value)
+            if child._value is not None and not host_values:
+                values.append(child.value)  # type: ignore[arg-type]  # not None: checked above
                 device_node, device_pos = child, pos
             else:
                 assert child.host_value is not None, "a node below a host-only node is on the device"
@@ -237,7 +256,7 @@ class RadixTree:
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = stamp
-            if child.value is None:  # host-only: the caller's slots make it device-resident again
+            if child._value is None:  # host-only: the caller's slots make it device-resident again
                 present = pos if present is None else present
                 self.set_device(child, slots[pos : pos + n])
             node, pos = child, pos + n
@@ -298,7 +317,7 @@ class RadixTree:
 
     def drop_host(self, node: Node) -> torch.Tensor:
         """Forget the host copy of a node that is also on the device; returns its host slots."""
-        if node.host_value is None or node.value is None:
+        if node.host_value is None or node._value is None:
             raise RuntimeError(f"{node!r} must be on both tiers to drop its host copy")
         slots, node.host_value = node.host_value, None
         self._host_size -= slots.numel()
@@ -309,13 +328,13 @@ class RadixTree:
 
         Its tokens count as locked or evictable according to its ``lock_ref``.
         """
-        if node.value is not None:
+        if node._value is not None:
             raise RuntimeError(f"{node!r} is already on the device")
         if slots.numel() != len(node.key):
             raise ValueError(f"node has {len(node.key)} tokens but {slots.numel()} slots")
-        if node.parent is not self._root and node.parent is not None and node.parent.value is None:
+        if node.parent is not self._root and node.parent is not None and node.parent._value is None:
             raise RuntimeError("load a path from the top: the parent of a device node must be on the device")
-        node.value = slots.detach().reshape(-1).to(device="cpu", dtype=torch.int64).clone()
+        node.set_value_async(slots)
         node.from_storage = False
         if node.lock_ref > 0:
             self._locked_size += len(node.key)
@@ -338,7 +357,7 @@ class RadixTree:
         """
         self._check_attached(node)
         while node is not self._root:
-            if node.lock_ref == 0 and node.value is not None:
+            if node.lock_ref == 0 and node._value is not None:
                 self._evictable_size -= len(node.key)
                 self._locked_size += len(node.key)
             node.lock_ref += 1
@@ -351,7 +370,7 @@ class RadixTree:
             if node.lock_ref <= 0:
                 raise RuntimeError(f"unlock of an unlocked node {node!r}")
             node.lock_ref -= 1
-            if node.lock_ref == 0 and node.value is not None:
+            if node.lock_ref == 0 and node._value is not None:
                 self._evictable_size += len(node.key)
                 self._locked_size -= len(node.key)
             node = node.parent  # type: ignore[assignment]
@@ -380,9 +399,10 @@ class RadixTree:
         count = 0
         while count < num_tokens and heap:
             _, _, node = heapq.heappop(heap)
-            assert node.value is not None
-            freed.append(node.value)
-            count += node.value.numel()
+            value = node.value
+            assert value is not None
+            freed.append(value)
+            count += value.numel()
             parent = node.parent
             assert parent is not None
             if node.host_value is not None or (host is not None and host.backup(node)):
@@ -410,7 +430,7 @@ class RadixTree:
         heap = [
             (n.last_access, next(order), n)
             for n in self._nodes()
-            if n.value is None and n.is_leaf and n.lock_ref == 0 and id(n) not in kept
+            if n._value is None and n.is_leaf and n.lock_ref == 0 and id(n) not in kept
         ]
         heapq.heapify(heap)
         freed: list[torch.Tensor] = []
@@ -422,13 +442,13 @@ class RadixTree:
             self._remove_leaf(node)
             freed.append(node.host_value)
             count += node.host_value.numel()
-            if (parent is not self._root and parent.value is None and parent.is_leaf
+            if (parent is not self._root and parent._value is None and parent.is_leaf
                     and parent.lock_ref == 0 and id(parent) not in kept):  # fmt: skip
                 heapq.heappush(heap, (parent.last_access, next(order), parent))
         if count < num_tokens:
             both = sorted(
                 (n for n in self._nodes()
-                 if n.value is not None and n.host_value is not None and n.lock_ref == 0 and id(n) not in kept),
+                 if n._value is not None and n.host_value is not None and n.lock_ref == 0 and id(n) not in kept),
                 key=lambda n: n.last_access,
             )  # fmt: skip
             for node in both:
@@ -442,7 +462,7 @@ class RadixTree:
     # ------------------------------------------------------------------ inspection
     def all_slots(self) -> torch.Tensor:
         """Every device slot held by the tree, as a fresh int64 tensor (order unspecified)."""
-        values = [n.value for n in self._nodes() if n.value is not None]
+        values = [v for n in self._nodes() if (v := n.value) is not None]
         return torch.cat(values) if values else _EMPTY.clone()
 
     def all_host_slots(self) -> torch.Tensor:
@@ -454,7 +474,7 @@ class RadixTree:
         """Recompute ``(evictable_size, locked_size)`` from the nodes (for integrity checks)."""
         evictable = locked = 0
         for n in self._nodes():
-            if n.value is None:
+            if n._value is None:
                 continue
             if n.lock_ref > 0:
                 locked += len(n.key)
@@ -467,12 +487,12 @@ class RadixTree:
         the wrong length, a device node under a host-only one, or a wrong ``host_size``."""
         problems, host = [], 0
         for n in self._nodes():
-            if n.value is None and n.host_value is None:
+            if n._value is None and n.host_value is None:
                 problems.append(f"{n!r} has no copy on any tier")
             for name, v in (("value", n.value), ("host_value", n.host_value)):
                 if v is not None and v.numel() != len(n.key):
                     problems.append(f"{n!r}.{name} has {v.numel()} slots for {len(n.key)} tokens")
-            if n.value is not None and n.parent is not self._root and n.parent.value is None:  # type: ignore[union-attr]
+            if n._value is not None and n.parent is not self._root and n.parent._value is None:  # type: ignore[union-attr]
                 problems.append(f"{n!r} is on the device below a host-only node")
             host += 0 if n.host_value is None else len(n.key)
         if host != self._host_size:
@@ -536,8 +556,8 @@ class RadixTree:
     def _add_leaf(
         self, parent: Node, key: tuple[int, ...], slots: torch.Tensor, extra_key: str | None, stamp: int
     ) -> Node:
-        value = slots.detach().reshape(-1).to(device="cpu", dtype=torch.int64).clone()
-        leaf = Node(key=key, value=value, parent=parent, extra_key=extra_key, depth=parent.depth + len(key))
+        leaf = Node(key=key, value=None, parent=parent, extra_key=extra_key, depth=parent.depth + len(key))
+        leaf.set_value_async(slots)  # a finished request's device row: no wait for the stream
         leaf.last_access = stamp
         parent.children[self._edge(parent, key[0], extra_key)] = leaf
         self._evictable_size += len(key)
@@ -548,7 +568,7 @@ class RadixTree:
         assert parent is not None and node.is_leaf and node.lock_ref == 0
         del parent.children[self._edge(parent, node.key[0], node.extra_key)]
         node.parent = None
-        if node.value is not None:
+        if node._value is not None:
             self._evictable_size -= len(node.key)
         if node.host_value is not None:
             self._host_size -= len(node.key)
@@ -564,7 +584,7 @@ class RadixTree:
             order.append(n)
             stack.extend(n.children.values())
         for n in reversed(order):  # leaves first
-            assert n.lock_ref == 0 and (n is node or n.value is None)
+            assert n.lock_ref == 0 and (n is node or n._value is None)
             if n.host_value is not None:
                 host.append(n.host_value)
             self._remove_leaf(n)

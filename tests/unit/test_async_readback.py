@@ -1,0 +1,70 @@
+"""Slot numbers read back from the device-side ``req_to_token`` (a finished request's row) reach the
+allocator and the radix tree without waiting for the stream (``host_copy.to_host_async``): the
+copy's event is awaited only where the values are read. On the CPU there is no event, so these
+tests stand a recording event in for CUDA's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from phloem.runtime.cache import allocator as allocator_mod
+from phloem.runtime.cache import radix_tree as radix_mod
+from phloem.runtime.cache.allocator import TokenSlotAllocator
+from phloem.runtime.cache.radix_tree import RadixTree
+from phloem.runtime.host_copy import to_host_async
+
+
+class RecordingEvent:
+    def __init__(self, log: list[str], name: str) -> None:
+        self.log, self.name = log, name
+
+    def synchronize(self) -> None:
+        self.log.append(self.name)
+
+
+@pytest.fixture
+def waits(monkeypatch) -> list[str]:
+    """Every ``to_host_async`` copy comes with an event that logs its wait."""
+    log: list[str] = []
+
+    def fake(t: torch.Tensor):
+        host, _ = to_host_async(t)
+        return host, RecordingEvent(log, f"copy{len(log)}:{host.tolist()}")
+
+    monkeypatch.setattr(allocator_mod, "to_host_async", fake)
+    monkeypatch.setattr(radix_mod, "to_host_async", fake)
+    return log
+
+
+def test_host_tensors_need_no_event():
+    host, ready = to_host_async(torch.tensor([[3, 4], [5, 6]], dtype=torch.int32))
+    assert ready is None and host.dtype == torch.int64 and host.tolist() == [3, 4, 5, 6]
+
+
+def test_freed_slots_are_awaited_only_when_merged(waits):
+    alloc = TokenSlotAllocator(9)  # slots 1..8
+    taken = alloc.alloc(6)
+    alloc.free(taken[:3])
+    assert alloc.available_size == 5 and waits == []  # counted at once, not read
+    assert alloc.alloc(2) is not None and waits == []  # the front still had two
+    got = alloc.alloc(3)  # needs the freed chunk: its copy is awaited, then its slots are used
+    assert waits == [f"copy0:{taken[:3].tolist()}"]
+    assert sorted(got.tolist()) == sorted(taken[:3].tolist())
+
+
+def test_tree_leaf_is_awaited_on_first_read_only(waits):
+    tree = RadixTree()
+    tree.insert([1, 2, 3, 4], torch.tensor([11, 12, 13, 14]))
+    assert waits == []  # stored without waiting
+    assert tree.evictable_size == 4 and waits == []  # sizes need no values
+    m = tree.match_prefix([1, 2, 3, 9])
+    assert m.slots.tolist() == [11, 12, 13] and len(waits) == 1  # the first read waits
+    tree.match_prefix([1, 2])
+    assert len(waits) == 1  # once
+
+
+def test_eviction_reads_pending_values(waits):
+    tree = RadixTree()
+    tree.insert([5, 6], torch.tensor([21, 22]))
+    freed = tree.evict(2)
+    assert sorted(freed.tolist()) == [21, 22] and len(waits) == 1
