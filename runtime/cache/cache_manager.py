@@ -297,17 +297,23 @@ class CacheManager:
         if self._tree is None:
             return handle.node, handle.prefix_len
         kv_len = self._kv_len(handle, token_ids, slots, kv_len)
-        self._insert_and_free_duplicates(handle, token_ids, slots, kv_len)
-        m = self._tree.match_prefix(token_ids[:kv_len], extra_key=handle.extra_key)
-        if m.length != kv_len:
-            raise RuntimeError(f"re-match after insert found {m.length} of {kv_len} tokens")
+        present = self._insert_and_free_duplicates(handle, token_ids, slots, kv_len)
         start = handle.prefix_len
-        self._req_to_token[req_row, start:kv_len] = to_device(m.slots[start:], self._req_to_token.device)
+        if present > start:
+            # Tokens [start, present) were in the tree already (another request computed them):
+            # the row must point at the tree's slots, its own were freed as duplicates.
+            m = self._tree.match_prefix(token_ids[:present], extra_key=handle.extra_key)
+            self._req_to_token[req_row, start:present] = to_device(m.slots[start:], self._req_to_token.device)
+        # The rest of the row is what went into the tree. Finding the node reads no slot values,
+        # so the new leaf's copy from the device is not waited for (no stream sync).
+        last = self._tree.find_node(token_ids[:kv_len], extra_key=handle.extra_key)
+        if last is None:
+            raise RuntimeError(f"no tree node ends at the {kv_len} tokens just inserted")
         if self._hicache is not None:
-            self._hicache.on_insert(m.last_node)
-        self._tree.lock(m.last_node)
+            self._hicache.on_insert(last)
+        self._tree.lock(last)
         self.unlock(handle.node)
-        handle.node, handle.prefix_len = m.last_node, kv_len
+        handle.node, handle.prefix_len = last, kv_len
         return handle.node, handle.prefix_len
 
     def cache_finished(
@@ -421,13 +427,15 @@ class CacheManager:
 
     def _insert_and_free_duplicates(
         self, handle: CacheHandle, token_ids: Sequence[int], slots: torch.Tensor, kv_len: int
-    ) -> None:
-        """Insert ``token_ids[:kv_len]``; free the request's own slots for tokens the tree already had."""
+    ) -> int:
+        """Insert ``token_ids[:kv_len]``; free the request's own slots for tokens the tree already
+        had. Returns how many leading tokens the tree had (``RadixTree.insert``)."""
         assert self._tree is not None
         key = token_ids[:kv_len]
         present = self._tree.insert(key, slots[:kv_len], extra_key=handle.extra_key)
         if present > handle.prefix_len:
             self._allocator.free(slots[handle.prefix_len : present])
+        return present
 
 
 def _count_host_only(node: Node) -> int:

@@ -234,6 +234,23 @@ class RadixTree:
             host_node=node,
         )
 
+    def find_node(self, key: Sequence[int], *, extra_key: str | None = None) -> Node | None:
+        """The device node that ends exactly at the end of ``key`` (the root for an empty key), or
+        None when the tree does not hold all of ``key`` on the device with a node boundary there.
+
+        Reads no slot values (a node whose values are still being copied from the device is not
+        waited for) and mutates nothing: for the node an ``insert`` of ``key`` just created."""
+        key = _as_key(key)
+        node, pos = self._root, 0
+        while pos < len(key):
+            child = node.children.get(self._edge(node, key[pos], extra_key))
+            if child is None or child._value is None or len(child.key) > len(key) - pos:
+                return None
+            if _common_len(child.key, key, pos) < len(child.key):
+                return None
+            node, pos = child, pos + len(child.key)
+        return node
+
     def insert(self, key: Sequence[int], slots: torch.Tensor, *, extra_key: str | None = None) -> int:
         """Insert ``key`` with per-token ``slots`` (int64, same length).
 

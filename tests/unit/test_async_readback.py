@@ -68,3 +68,31 @@ def test_eviction_reads_pending_values(waits):
     tree.insert([5, 6], torch.tensor([21, 22]))
     freed = tree.evict(2)
     assert sorted(freed.tolist()) == [21, 22] and len(waits) == 1
+
+
+def test_sharing_a_computed_prefix_waits_for_nothing_new(waits):
+    """``cache_unfinished`` (a prefill pass shares its prompt) must not read the slots it just
+    stored; with another request's copy of the same tokens in the tree, it reads only the older
+    nodes to point the row at the tree's slots."""
+    from phloem.runtime.cache.cache_manager import CacheManager
+
+    table = torch.zeros(4, 32, dtype=torch.int64)
+    cm = CacheManager(allocator=TokenSlotAllocator(65), req_to_token=table, tree=RadixTree())
+    prompt = [7, 8, 9, 10, 11, 12]
+
+    def prefill(row: int):
+        handle = cm.acquire(cm.match(prompt, max_len=len(prompt) - 1))
+        slots = cm.alloc(len(prompt))
+        table[row, : len(prompt)] = slots
+        return handle, slots
+
+    first, first_slots = prefill(0)
+    second, second_slots = prefill(1)  # computed the same tokens before the first was shared
+    cm.cache_unfinished(first, prompt, table[0, : len(prompt)], req_row=0)
+    assert waits == [] and first.prefix_len == len(prompt)
+    assert table[0, : len(prompt)].tolist() == first_slots.tolist()
+    cm.cache_unfinished(second, prompt, table[1, : len(prompt)], req_row=1)
+    # the second row now points at the first request's slots (read once: that node's copy)
+    assert table[1, : len(prompt)].tolist() == first_slots.tolist()
+    assert len(waits) == 1 and second.node is first.node
+    assert cm.available_size == 64 - len(prompt)  # the second request's duplicates were freed
