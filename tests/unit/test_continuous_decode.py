@@ -16,7 +16,7 @@ from phloem.runtime.scheduler.batch import write_decode_slots
 from phloem.runtime.scheduler.policy import decodes_ahead
 from phloem.runtime.scheduler.req import Req
 
-from tests.unit.test_scheduler_loop import EOS, FakeRunner, Harness, expected, token_after
+from tests.unit.test_scheduler_loop import EOS, FakeRunner, Harness, expected, random_traffic, token_after
 
 
 class FeedRunner(FakeRunner):
@@ -112,23 +112,12 @@ def test_small_pool_falls_back_to_single_steps_and_everyone_finishes():
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_random_requests_and_aborts_keep_the_pool_invariant(overlap):
-    rng = random.Random(1)
     h, launched = harness(steps=4, overlap=overlap, pool=512, chunk=32, max_running=8)
-    reqs = []
-    for i in range(60):
-        ids = [rng.randint(10, 60) for _ in range(rng.randint(1, 40))]
-        reqs.append(h.add(f"r{i}", ids, max_new=rng.randint(0, 40)))
-        for _ in range(rng.randint(0, 6)):
-            h.s.step()
-        if rng.random() < 0.15:
-            h.s.abort(rng.choice(reqs).rid, message="test abort")
-    h.run()
-    fin = h.finished()
-    assert set(fin) == {r.rid for r in reqs}
-    out = h.outputs()
-    for r in reqs:
-        if fin[r.rid]["type"] == "length":
-            assert out.get(r.rid, []) == expected(r.prompt_len, r.params.max_new_tokens)
+
+    def ids(rng: random.Random) -> list[int]:
+        return [rng.randint(10, 60) for _ in range(rng.randint(1, 40))]
+
+    random_traffic(h, random.Random(1), ids, max_steps_between=6)
     assert 4 in launched
 
 

@@ -160,16 +160,13 @@ def test_output_that_outgrows_the_pool_alone_is_aborted_not_hung():
     assert h.finished()["grows"]["type"] == "abort"
 
 
-@pytest.mark.parametrize("overlap", [False, True])
-def test_random_requests_and_aborts_keep_the_pool_invariant(overlap):
-    rng = random.Random(0)
-    h = Harness(pool=512, overlap=overlap, chunk=32, max_running=8)
-    stems = [list(range(2000 + 100 * k, 2000 + 100 * k + 40)) for k in range(3)]
+def random_traffic(h: Harness, rng: random.Random, make_ids, *, max_steps_between: int) -> list[Req]:
+    """60 requests arriving between scheduler steps, some aborted; everyone finishes, the pool
+    invariant holds (``run``), and every request that ran to its length got the exact tokens."""
     reqs = []
     for i in range(60):
-        ids = rng.choice(stems)[: rng.randint(1, 40)] + [rng.randint(10, 60) for _ in range(rng.randint(1, 30))]
-        reqs.append(h.add(f"r{i}", ids, max_new=rng.randint(0, 40)))
-        for _ in range(rng.randint(0, 3)):
+        reqs.append(h.add(f"r{i}", make_ids(rng), max_new=rng.randint(0, 40)))
+        for _ in range(rng.randint(0, max_steps_between)):
             h.s.step()
         if rng.random() < 0.15:
             h.s.abort(rng.choice(reqs).rid, message="test abort")
@@ -180,6 +177,18 @@ def test_random_requests_and_aborts_keep_the_pool_invariant(overlap):
     for r in reqs:
         if fin[r.rid]["type"] == "length":
             assert out.get(r.rid, []) == expected(r.prompt_len, r.params.max_new_tokens)
+    return reqs
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_random_requests_and_aborts_keep_the_pool_invariant(overlap):
+    h = Harness(pool=512, overlap=overlap, chunk=32, max_running=8)
+    stems = [list(range(2000 + 100 * k, 2000 + 100 * k + 40)) for k in range(3)]
+
+    def ids(rng: random.Random) -> list[int]:
+        return rng.choice(stems)[: rng.randint(1, 40)] + [rng.randint(10, 60) for _ in range(rng.randint(1, 30))]
+
+    random_traffic(h, random.Random(0), ids, max_steps_between=3)
 
 
 def test_mixed_chunk_runs_decode_rows_with_prefill():
