@@ -552,13 +552,16 @@ class Scheduler:
         freed with the request, past ``kv_len``'s known tokens)."""
         self._release_deferred()
         steps = len(per_step)
+        kept = 0
         for r, req in enumerate(batch.reqs):
             req.pending_outputs -= steps
             if not req.finished:
+                before = len(req.output_ids)
                 self._append_tokens(req, [tokens[r] for tokens in per_step])
+                kept += len(req.output_ids) - before
         self._drop_finished_running()
         self.outputs.flush()
-        self._tokens_since_log += steps * len(batch.reqs)
+        self._tokens_since_log += kept
         if self._decode_steps % self.cfg.log_interval == 0:
             self._log_decode()
 
@@ -681,8 +684,8 @@ class Scheduler:
 
     def _append_tokens(self, req: Req, tokens: list[int]) -> None:
         """Several tokens from one speculative step or continuous decode batch (no logprobs: see
-        eligibility). A grammar
-        advances over them in order; the first token that terminates it ends the output."""
+        eligibility). A grammar advances over them in order; the first token that terminates it
+        ends the output."""
         if req.grammar is not None:
             for j, token in enumerate(tokens):
                 self.grammar.accept(req, token)
