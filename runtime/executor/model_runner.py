@@ -41,7 +41,7 @@ from phloem.runtime.executor.forward_io import (
     SamplingInfo,
     TokenLogprobs,
 )
-from phloem.runtime.host_copy import to_device
+from phloem.runtime.host_copy import to_device, to_host_async
 from phloem.runtime.model_files import ModelSource
 from phloem.runtime.models.config import ModelConfig
 from phloem.runtime.models.registry import get_model_class
@@ -306,7 +306,7 @@ class ModelRunner:
         dev.sampling.vocab_mask = _resolve_mask(dev.sampling.vocab_mask, self.device)
         next_ids = self.sampler(last, dev.sampling)  # [B]
         out_lp = self._logprobs(host, plan, logits, next_ids) if host.logprobs is not None else None
-        cpu_ids, event = self._copy_to_host(next_ids)
+        cpu_ids, event = to_host_async(next_ids)  # [B]; the scheduler waits on the event
         return ForwardOutput(
             next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs=out_lp,
             hidden_states=hidden if host.return_hidden_states else None,
@@ -376,15 +376,6 @@ class ModelRunner:
             last.append(len(rows) - 1)
             offset += e
         return _LogitRows(torch.tensor(rows), torch.tensor(last), starts if wants else [], first_new)
-
-    def _copy_to_host(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        if ids.device.type == "cpu":
-            return ids, None
-        host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-        host.copy_(ids, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return host, event
 
     # ---- logprobs -----------------------------------------------------------------------------
     def _logprobs(
