@@ -373,19 +373,20 @@ class Scheduler:
     def _schedule_decode(self) -> ScheduledBatch | None:
         if self.spec is not None and self._all_spec_eligible():
             return self._schedule_spec_decode()
-        steps = self._continuous_steps()
-        if steps > 1:
-            return self._continuous_batch(steps)
+        if self.cfg.decode_steps > 1:
+            live = [r for r in self.running if r.wants_token]
+            steps = self._continuous_steps(live)
+            if steps > 1:
+                return self._continuous_batch(steps, live)
         reqs, index = self._decode_rows()
         if not reqs:
             return None
         batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, decode_index=index)
         return self._decode_batch(batch, extend=1)
 
-    def _continuous_batch(self, steps: int) -> ScheduledBatch:
-        """Every decoding row with a slot for each of ``steps`` steps (``_continuous_steps``
-        checked they are free)."""
-        reqs = [r for r in self.running if r.wants_token]
+    def _continuous_batch(self, steps: int, reqs: list[Req]) -> ScheduledBatch:
+        """The decoding rows ``reqs``, with a slot for each of ``steps`` steps
+        (``_continuous_steps`` checked they are free)."""
         slots = self.cache.alloc(len(reqs) * steps)
         if slots is None:
             raise RuntimeError("KV pool accounting error: no slots for a continuous decode batch")
@@ -397,10 +398,10 @@ class Scheduler:
         self.stats.continuous_decode_steps += steps
         return self._decode_batch(batch, extend=1)
 
-    def _continuous_steps(self) -> int:
-        """Decode steps to launch as one batch (``--num-continuous-decode-steps``): the host
-        launches them back to back and reads their tokens together, so its per-step work is paid
-        once for all of them. Only when nothing waits to be admitted (a new request would wait
+    def _continuous_steps(self, reqs: list[Req]) -> int:
+        """Decode steps to launch as one batch of the decoding rows ``reqs``
+        (``--num-continuous-decode-steps``): the host launches them back to back and reads their
+        tokens together, so its per-step work is paid once for all of them. Only when nothing waits to be admitted (a new request would wait
         the whole batch), when every row can take several tokens unseen (``decodes_ahead``),
         never past any row's ``max_new_tokens``, and when every step's slots are free now."""
         steps = self.cfg.decode_steps
@@ -408,7 +409,6 @@ class Scheduler:
             return 1
         if self.grammar is not None and self.grammar.pending:
             return 1
-        reqs = [r for r in self.running if r.wants_token]
         for req in reqs:
             if not decodes_ahead(req):
                 return 1
