@@ -14,7 +14,7 @@ from torch import nn
 if TYPE_CHECKING:
     from phloem.runtime.layers.quant import Q8Weight
 
-__all__ = ["LMHead", "VocabEmbedding"]
+__all__ = ["LMHead", "VocabEmbedding", "float_out_linear"]
 
 
 class VocabEmbedding(nn.Module):
@@ -66,4 +66,35 @@ class LMHead(nn.Module):
             return skinny_linear(hidden, weight, out_dtype=torch.float32)
         if use_weight_major(hidden, weight):
             return weight_major_linear(hidden, weight)
-        return F.linear(hidden, weight).float()
+        return float_out_linear(hidden, weight)
+
+
+_MM_OUT_DTYPE: bool | None = None  # whether this torch's CUDA ``mm`` takes ``out_dtype``
+
+
+def float_out_linear(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear(hidden, weight)`` as float32 ``[N, V]``.
+
+    On CUDA with 16-bit operands the GEMM writes its float32 accumulator directly
+    (``torch.mm(..., out_dtype=torch.float32)``): no 16-bit rounding of the logits, and no second
+    kernel reading ``[N, V]`` back to widen it (at 208 rows of a 152k vocabulary that pass cost
+    more than the GEMM's own epilogue; ``benchmarks/gpu/gemm_shapes.py``). Elsewhere, or on a torch
+    without ``out_dtype``, the 16-bit product widened.
+    """
+    global _MM_OUT_DTYPE
+    if (
+        _MM_OUT_DTYPE is not False
+        and hidden.is_cuda
+        and hidden.dim() == 2
+        and hidden.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == hidden.dtype
+    ):
+        try:
+            out = torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+            _MM_OUT_DTYPE = True
+            return out
+        except (TypeError, RuntimeError):
+            if _MM_OUT_DTYPE:  # it worked before: this failure is not about the torch version
+                raise
+            _MM_OUT_DTYPE = False
+    return F.linear(hidden, weight).float()
