@@ -65,18 +65,21 @@ class TritonBackend(AttentionBackend):
         qk_norm: QKNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One kernel (per-head norms first, with ``qk_norm``) rotates q in place and writes
-        rotated k and v to the pool (fp8 pools and the torch reference path take the unfused
-        route)."""
+        rotated k and v to the pool, quantized for an fp8 pool (the torch reference path takes
+        the unfused route)."""
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         fusable = (
             self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
             and use_fused(q)
-            and k_buf.dtype == k.dtype
+            and k_buf.dtype in (k.dtype, torch.float8_e4m3fn)
             and all(x.stride(-1) == 1 for x in (q, k, v))
         )
         if not fusable:
             return super().rotate(q, k, v, cos_sin, layer, qk_norm)
-        rope_store_(q, k, v, *cos_sin, k_buf, v_buf, self.out_slots, qk_norm=qk_norm)
+        k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
+        rope_store_(
+            q, k, v, *cos_sin, k_buf, v_buf, self.out_slots, qk_norm=qk_norm, k_scale=k_scale, v_scale=v_scale
+        )
         self._stored_layer = layer
         return q, k
 

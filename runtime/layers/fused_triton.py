@@ -80,17 +80,19 @@ def _silu_and_mul_kernel(
 
 @triton.jit
 def _rotate_heads(base, stride_h, dst, stride_dst_h, cos, sin, offs_d, d_mask, N_HEADS: tl.constexpr,
-                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, w_ptr, eps, HAS_NORM: tl.constexpr):  # fmt: skip
+                  HALF: tl.constexpr, BLOCK_H: tl.constexpr, w_ptr, eps, HAS_NORM: tl.constexpr,
+                  scale, QUANT: tl.constexpr):  # fmt: skip
     """Rotate heads ``0 .. N_HEADS`` of one token from ``base`` into ``dst`` (the same pointer:
     in place); ``cos``/``sin``: ``[1, BLOCK_HALF]``. With ``HAS_NORM`` each head is first
     RMS-normalized with weight ``w_ptr`` ``[2 * HALF]`` and rounded to the dtype, as the separate
-    norm would store it."""
+    norm would store it. With ``QUANT`` ``dst`` is fp8: the rotated values are rounded to the
+    activation dtype first, then stored as :func:`_to_fp8` of them (``KVPool.set_kv``'s rounding)."""
     offs_h = tl.arange(0, BLOCK_H)
     mask = (offs_h < N_HEADS)[:, None] & d_mask[None, :]
     lo = base + offs_h[:, None] * stride_h + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
     x1 = tl.load(lo, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(lo + HALF, mask=mask, other=0.0).to(tl.float32)
-    dtype = dst.dtype.element_ty
+    dtype = base.dtype.element_ty  # the activation dtype (dst's unless QUANT)
     if HAS_NORM:
         rstd = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
         w1 = tl.load(w_ptr + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
@@ -98,8 +100,21 @@ def _rotate_heads(base, stride_h, dst, stride_dst_h, cos, sin, offs_d, d_mask, N
         x1 = (x1 * rstd * w1).to(dtype).to(tl.float32)
         x2 = (x2 * rstd * w2).to(dtype).to(tl.float32)
     out = dst + offs_h[:, None] * stride_dst_h + offs_d[None, :]
-    tl.store(out, (x1 * cos - x2 * sin).to(dtype), mask=mask)
-    tl.store(out + HALF, (x2 * cos + x1 * sin).to(dtype), mask=mask)
+    y1 = (x1 * cos - x2 * sin).to(dtype)
+    y2 = (x2 * cos + x1 * sin).to(dtype)
+    if QUANT:
+        y1 = _to_fp8(y1, scale, dst.dtype.element_ty)
+        y2 = _to_fp8(y2, scale, dst.dtype.element_ty)
+    tl.store(out, y1, mask=mask)
+    tl.store(out + HALF, y2, mask=mask)
+
+
+@triton.jit
+def _to_fp8(x, scale, fp8_dtype: tl.constexpr):
+    """``fp8(clamp(x / scale, -448, 448))`` with a correctly rounded division: the rounding of
+    ``KVPool._quantize`` (torch divides exactly and converts to nearest-even)."""
+    y = tl.math.div_rn(x.to(tl.float32), scale)
+    return tl.minimum(tl.maximum(y, -448.0), 448.0).to(fp8_dtype)
 
 
 @triton.jit
@@ -118,22 +133,22 @@ def _rope_kernel(
     q = q_ptr + t * stride_qt
     k = k_ptr + t * stride_kt
     _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ,
-                  q, 0.0, False)  # fmt: skip
+                  q, 0.0, False, 1.0, False)  # fmt: skip
     _rotate_heads(k, stride_kh, k, stride_kh, cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK,
-                  k, 0.0, False)  # fmt: skip
+                  k, 0.0, False, 1.0, False)  # fmt: skip
 
 
 @triton.jit
 def _rope_store_kernel(
     q_ptr, k_ptr, v_ptr, cos_ptr, sin_ptr, k_buf_ptr, v_buf_ptr, slots_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_sin,
-    stride_kbt, stride_kbh, stride_vbt, stride_vbh, qn_ptr, kn_ptr, eps,
+    stride_kbt, stride_kbh, stride_vbt, stride_vbh, qn_ptr, kn_ptr, eps, k_scale, v_scale,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_NORM: tl.constexpr, PDL: tl.constexpr,
+    HAS_NORM: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (tokens,); q (normalized per head with HAS_NORM, then) rotated in place, k likewise
-    # into the token's KV slot, v copied there
+    # into the token's KV slot, v copied there (QUANT: an fp8 pool, scaled by k_scale / v_scale)
     pdl_trigger(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -144,14 +159,17 @@ def _rope_store_kernel(
     sin = tl.load(sin_ptr + t * stride_sin + offs_d, mask=d_mask, other=0.0).to(tl.float32)[None, :]
     q = q_ptr + t * stride_qt
     _rotate_heads(q, stride_qh, q, stride_qh, cos, sin, offs_d, d_mask, NUM_Q_HEADS, HALF, BLOCK_HQ,
-                  qn_ptr, eps, HAS_NORM)  # fmt: skip
+                  qn_ptr, eps, HAS_NORM, 1.0, False)  # fmt: skip
     _rotate_heads(k_ptr + t * stride_kt, stride_kh, k_buf_ptr + slot * stride_kbt, stride_kbh,
-                  cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK, kn_ptr, eps, HAS_NORM)  # fmt: skip
+                  cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK, kn_ptr, eps, HAS_NORM,
+                  k_scale, QUANT)  # fmt: skip
     offs_h = tl.arange(0, BLOCK_HK)
     offs_v = tl.arange(0, BLOCK_D)
     mask = (offs_h < NUM_K_HEADS)[:, None] & (offs_v < HEAD_DIM)[None, :]
     v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_v[None, :], mask=mask, other=0.0)
     dst = v_buf_ptr + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_v[None, :]
+    if QUANT:
+        v = _to_fp8(v, v_scale, v_buf_ptr.dtype.element_ty)
     tl.store(dst, v.to(v_buf_ptr.dtype.element_ty), mask=mask)
 
 
@@ -275,11 +293,14 @@ def rope_store_(
     v_buf: torch.Tensor,
     slots: torch.Tensor,
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """:func:`rope_` on ``q`` (in place, returned) with the K/V write of the layer folded in:
     ``k_buf[slots] = rope(k)`` and ``v_buf[slots] = v``, one launch instead of three (``k`` itself
-    is left as it is). ``k_buf``, ``v_buf``: ``[num_slots, Hk, D]`` of ``k``'s dtype (not fp8);
-    ``slots``: ``[T]`` int64.
+    is left as it is). ``k_buf``, ``v_buf``: ``[num_slots, Hk, D]`` of ``k``'s dtype, or an fp8
+    pool (``torch.float8_e4m3fn``) with its per-tensor ``k_scale``/``v_scale``, written exactly as
+    ``KVPool.set_kv`` writes the rotated k and v; ``slots``: ``[T]`` int64.
 
     ``qk_norm``: ``(q_weight, k_weight, eps)``, each weight ``[D]``: a per-head RMSNorm of q and k
     before the rotation (Qwen3), so ``q = rope(rmsnorm(q))`` and ``k_buf[slots] = rope(rmsnorm(k))``;
@@ -291,7 +312,10 @@ def rope_store_(
         raise ValueError(
             f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need [T, H, D], D even"
         )
-    if k_buf.dtype != k.dtype or v_buf.dtype != v.dtype or k_buf.shape[1:] != k.shape[1:]:
+    quant = k_buf.dtype == torch.float8_e4m3fn
+    if quant and (v_buf.dtype != k_buf.dtype or k_scale <= 0 or v_scale <= 0):
+        raise ValueError(f"an fp8 pool needs fp8 K and V buffers and positive scales, got {k_scale}, {v_scale}")
+    if (not quant and (k_buf.dtype != k.dtype or v_buf.dtype != v.dtype)) or k_buf.shape[1:] != k.shape[1:]:
         raise ValueError(
             f"pool {tuple(k_buf.shape)} {k_buf.dtype} does not hold k {tuple(k.shape)} {k.dtype}"
         )
@@ -310,9 +334,10 @@ def rope_store_(
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         cos.stride(0), sin.stride(0),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), q_w, k_w, eps,
+        float(k_scale), float(v_scale),
         NUM_Q_HEADS=num_q, NUM_K_HEADS=num_k, HALF=half, HEAD_DIM=dim,
         BLOCK_HQ=triton.next_power_of_2(num_q), BLOCK_HK=triton.next_power_of_2(num_k),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
-        HAS_NORM=qk_norm is not None, PDL=pdl, num_warps=4, **launch_kwargs(pdl),
+        HAS_NORM=qk_norm is not None, QUANT=quant, PDL=pdl, num_warps=4, **launch_kwargs(pdl),
     )  # fmt: skip
     return q

@@ -30,6 +30,7 @@ from .fused_cases import (
     check_rmsnorm,
     check_rope,
     check_rope_store,
+    check_rope_store_fp8,
     check_silu_and_mul,
     rel_err,
 )
@@ -76,6 +77,16 @@ def test_rope_store_matches_ref(shape: tuple[int, int, int, int], dtype: str, qk
         check_rope_store(shape, DTYPES[dtype], "cuda", seed, qk_norm=qk_norm)
 
 
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("shape", ROPE_SHAPES, ids=str)
+@pytest.mark.parametrize("scales", [(1.0, 1.0), (0.05, 0.02)], ids=["scale1", "scaled"])
+def test_rope_store_fp8_matches_set_kv(shape: tuple[int, int, int, int], dtype: str, scales) -> None:
+    for seed in (0, 1):
+        check_rope_store_fp8(shape, DTYPES[dtype], "cuda", seed, scales)
+
+
 # ---- kernels under the interpreter (CPU) ----------------------------------------------------------
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
@@ -106,10 +117,13 @@ def layered_forward(runner: ModelRunner, fi: ForwardInput) -> torch.Tensor:
     return runner.model(fi.input_ids, fi.positions, runner.attn_backend)
 
 
-def make_runner(shape: str, dtype: str, device: str, backend: str = "torch_ref") -> ModelRunner:
+def make_runner(
+    shape: str, dtype: str, device: str, backend: str = "torch_ref", kv_cache_dtype: str = "auto"
+) -> ModelRunner:
     runner = ModelRunner(
         ModelSource("dummy", shape), dtype=dtype, device=device, attention_backend=backend,
         max_total_tokens=512, max_running_requests=4, cpu_threads=1, cuda_graph_max_bs=0,
+        kv_cache_dtype=kv_cache_dtype,
     )  # fmt: skip
     gen = torch.Generator().manual_seed(11)
     with torch.no_grad():  # norms away from 1 and larger weights, so every term matters
@@ -185,3 +199,24 @@ def test_model_fused_matches_unfused_cuda(shape: str, dtype: str, backend: str, 
             assert torch.equal(unfused, plain)
             err = rel_err(fused, unfused)
             assert err <= 4 * REL_TOL[runner.dtype], f"fused vs unfused model: rel err {err:.2e}"
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3"])
+def test_model_fp8_pool_fused_matches_unfused_cuda(shape: str, dtype: str, restore_switch) -> None:
+    """An fp8 KV pool: the fused side quantizes inside ``rope_store_``, the unfused side rotates
+    and then quantizes in ``KVPool.set_kv``. Both store the same rounding of the same values, so
+    the outputs differ only where the rotations round differently before quantizing."""
+    runner = make_runner(shape, dtype, "cuda", "triton", kv_cache_dtype="fp8_e4m3")
+    assert runner.kv_pool.is_fp8
+    with torch.inference_mode():
+        for fi in batches(runner):
+            fi = fi.to("cuda")
+            set_fused_kernels(False)
+            unfused = layered_forward(runner, fi).clone()
+            set_fused_kernels(True)
+            fused = layered_forward(runner, fi)
+            err = rel_err(fused, unfused)
+            assert err <= 0.02, f"fused vs unfused model over an fp8 pool: rel err {err:.2e}"
