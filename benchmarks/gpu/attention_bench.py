@@ -49,7 +49,13 @@ def matmul_rate(n: int = 8192) -> float:
 
 
 def _setup(
-    shape: str, prefix_lens: list[int], extend_lens: list[int], mode, seed: int = 0, contiguous: bool = False
+    shape: str,
+    prefix_lens: list[int],
+    extend_lens: list[int],
+    mode,
+    seed: int = 0,
+    contiguous: bool = False,
+    kv_dtype: torch.dtype = torch.bfloat16,
 ):
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
     from phloem.runtime.executor.forward_io import ForwardInput
@@ -59,9 +65,9 @@ def _setup(
     gen = torch.Generator().manual_seed(seed)
     seq = [p + e for p, e in zip(prefix_lens, extend_lens)]
     n = sum(seq)
-    pool = KVPool(1, n + 1, hk, d, torch.bfloat16, "cuda")
-    pool.k_buffer[0].normal_()
-    pool.v_buffer[0].normal_()
+    pool = KVPool(1, n + 1, hk, d, kv_dtype, "cuda")
+    for buf in (pool.k_buffer[0], pool.v_buffer[0]):
+        buf.copy_(torch.randn(buf.shape, device="cuda").to(kv_dtype))
     rtt = ReqToTokenPool(len(seq), max(seq), "cuda")
     perm = ((torch.arange(n) if contiguous else torch.randperm(n, generator=gen)) + 1).cuda()
     used, out_slots = 0, []
@@ -135,14 +141,17 @@ def bench_decode(shape: str, bs: int, context: int, bandwidth: float) -> list[di
     return rows
 
 
-def sweep_decode(shape: str, bs: int, context: int, bandwidth: float) -> list[dict]:
+def sweep_decode(
+    shape: str, bs: int, context: int, bandwidth: float, kv_dtype: torch.dtype = torch.bfloat16, grid=None
+) -> list[dict]:
     """Every (keys per step, warps, stages) of the decode kernel for one case, over scattered
-    slots and over each request's slots in one run (the allocator's usual layout)."""
+    slots and over each request's slots in one run (the allocator's usual layout). An fp8 pool
+    also sweeps the float16 dot against the bfloat16 one."""
     hk, d = SHAPES[shape][1:]
-    floor_ms = bs * context * hk * d * 2 * 2 / bandwidth * 1e3
+    floor_ms = bs * context * hk * d * 2 * kv_dtype.itemsize / bandwidth * 1e3
     rows = []
     for contiguous in (False, True):
-        part = _sweep_layout(shape, bs, context, contiguous)
+        part = _sweep_layout(shape, bs, context, contiguous, kv_dtype, grid or DECODE_GRID)
         for r in part:
             r.update(floor_ms=round(floor_ms, 4), ratio=round(r["ms"] / floor_ms, 2))
         for r in sorted(part, key=lambda r: r["ms"])[:5]:
@@ -151,38 +160,46 @@ def sweep_decode(shape: str, bs: int, context: int, bandwidth: float) -> list[di
     return rows
 
 
-def _sweep_layout(shape: str, bs: int, context: int, contiguous: bool) -> list[dict]:
+DECODE_GRID = ((32, 64, 128, 256), (2, 4, 8), (2, 3, 4))  # keys per step, warps, stages
+
+
+def _sweep_layout(
+    shape: str, bs: int, context: int, contiguous: bool, kv_dtype: torch.dtype, grid
+) -> list[dict]:
     from phloem.runtime.attention.triton_kernels import decode_attention
     from phloem.runtime.executor.forward_io import ForwardMode
 
     hq = SHAPES[shape][0]
     pool, rtt, fi, q, _, _ = _setup(
-        shape, [context - 1] * bs, [1] * bs, ForwardMode.DECODE, contiguous=contiguous
+        shape, [context - 1] * bs, [1] * bs, ForwardMode.DECODE, contiguous=contiguous, kv_dtype=kv_dtype
     )
     tri = _backend("triton", pool, rtt, fi, hq)
     k_buf, v_buf = pool.get_kv(0)
     out = torch.empty_like(q)
 
-    def run(block_n: int, warps: int, stages: int) -> None:
+    def run(block_n: int, warps: int, stages: int, f16: bool | None) -> None:
         decode_attention(
             q, k_buf, v_buf, out, tri.part_o, tri.part_lse,
             req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
             seq_lens=fi.seq_lens, sm_scale=tri.scale, block_n=block_n, num_warps=warps, num_stages=stages,
+            f16_dot=f16,
         )  # fmt: skip
 
     rows = []
-    for block_n in (32, 64, 128):
-        for warps in (2, 4, 8):
-            for stages in (2, 3, 4):
-                try:
-                    ms = do_bench(lambda b=block_n, w=warps, st=stages: run(b, w, st), warmup=5, rep=30,
-                                  return_mode="median")  # fmt: skip
-                except Exception as exc:  # out of resources for this tile
-                    print(f"skip {block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
-                    continue
-                rows.append({"kind": "decode-sweep", "shape": shape, "batch": bs, "context": context,
-                             "contiguous": contiguous, "block_n": block_n, "warps": warps, "stages": stages,
-                             "ms": round(ms, 4), "splits": tri.part_lse.shape[2]})  # fmt: skip
+    for f16 in (True, False) if kv_dtype.itemsize == 1 else (None,):
+        for block_n in grid[0]:
+            for warps in grid[1]:
+                for stages in grid[2]:
+                    try:
+                        ms = do_bench(lambda b=block_n, w=warps, st=stages, h=f16: run(b, w, st, h), warmup=5,
+                                      rep=30, return_mode="median")  # fmt: skip
+                    except Exception as exc:  # out of resources for this tile
+                        print(f"skip {block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
+                        continue
+                    rows.append({"kind": "decode-sweep", "shape": shape, "batch": bs, "context": context,
+                                 "contiguous": contiguous, "kv_dtype": str(kv_dtype).split(".")[-1],
+                                 "f16_dot": f16, "block_n": block_n, "warps": warps, "stages": stages,
+                                 "ms": round(ms, 4), "splits": tri.part_lse.shape[2]})  # fmt: skip
     return rows
 
 
@@ -312,6 +329,10 @@ def main() -> int:
                     help="only sweep the decode kernel's settings for this case")  # fmt: skip
     ap.add_argument("--split-sweep", metavar="SHAPE:B1,B2,...",
                     help="only time the decode kernel per number of key splits at these batch sizes")  # fmt: skip
+    ap.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3"],
+                    help="pool dtype of --decode-sweep")  # fmt: skip
+    ap.add_argument("--decode-grid", metavar="BLOCK_NS:WARPS:STAGES",
+                    help="settings of --decode-sweep, e.g. 64,128:2,4:3 (default: all)")  # fmt: skip
     ap.add_argument("--extend-sweep", metavar="SHAPE",
                     help="only sweep the extend kernel's settings on one prefill chunk of this shape")  # fmt: skip
     args = ap.parse_args()
@@ -323,9 +344,14 @@ def main() -> int:
         return _write_sweep(args.out, "--split-sweep", rows)
     if args.decode_sweep:
         shape, bs, ctx = args.decode_sweep.split(":")
-        return _write_sweep(
-            args.out, "--decode-sweep", sweep_decode(shape, int(bs), int(ctx), copy_bandwidth())
+        kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8_e4m3" else torch.bfloat16
+        grid = (
+            tuple(tuple(int(x) for x in part.split(",")) for part in args.decode_grid.split(":"))
+            if args.decode_grid
+            else None
         )
+        rows = sweep_decode(shape, int(bs), int(ctx), copy_bandwidth(), kv_dtype, grid)
+        return _write_sweep(args.out, "--decode-sweep", rows)
     bandwidth, rate = copy_bandwidth(), matmul_rate()
     print(f"copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {rate / 1e12:.0f} TFLOP/s", flush=True)
     rows = []

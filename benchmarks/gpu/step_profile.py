@@ -47,6 +47,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         "disable_cuda_graph": args.no_cuda_graph,
         "max_running_requests": max(args.batch, 1),
         "num_continuous_decode_steps": args.decode_steps,
+        "kv_cache_dtype": args.kv_cache_dtype,
     }
     if args.spec:
         kw.update(
@@ -236,6 +237,7 @@ def main() -> None:
     p.add_argument("--no-overlap", action="store_true")
     p.add_argument("--decode-steps", type=int, default=1, help="--num-continuous-decode-steps")
     p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")
     p.add_argument("--spec", default=None, choices=[None, "EAGLE", "NGRAM"])
     p.add_argument("--head", default=None)
     p.add_argument("--spec-steps", type=int, default=3)
