@@ -340,8 +340,11 @@ class CacheManager:
             self._insert_and_free_duplicates(handle, token_ids, slots, kv_len)
             self._allocator.free(slots[kv_len:])
             if self._hicache is not None and kv_len > 0:
-                m = self._tree.match_prefix(token_ids[:kv_len], extra_key=handle.extra_key)
-                self._hicache.on_insert(m.last_node)
+                # find_node reads no slot values: the new leaf's copy from the device is not waited for
+                last = self._tree.find_node(token_ids[:kv_len], extra_key=handle.extra_key)
+                if last is None:  # no node boundary at kv_len (never after an insert of kv_len tokens)
+                    last = self._tree.match_prefix(token_ids[:kv_len], extra_key=handle.extra_key).last_node
+                self._hicache.on_insert(last)
             self.unlock(handle.node)
         handle.node, handle.prefix_len = None, 0
 

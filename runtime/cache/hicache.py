@@ -164,6 +164,7 @@ class HiCacheController:
         self._backup_at = _BACKUP_AT_HITS[config.write_policy]
         self._bytes_per_token = host_pool.bytes_per_token
         self._ops: dict[str, PrefetchOp] = {}
+        self._pending: dict[int, Node] = {}  # id -> node due for a backup once its slots land
         self._reader = (
             ThreadPoolExecutor(max_workers=2, thread_name_prefix="kv-prefetch") if storage else None
         )
@@ -173,9 +174,10 @@ class HiCacheController:
         """A request's tokens now end at ``node``: back up path nodes that reached the hit threshold."""
         if self._backup_at is None:
             return
+        self._backup_pending()
         for n in self.tree.path_to(node):
-            if n.host_value is None and n.value is not None and n.hit_count >= self._backup_at:
-                self.backup_node(n)
+            if n.hit_count >= self._backup_at:
+                self._backup_soon(n)
 
     def on_acquire(self, node: Node | None) -> None:
         """A request reuses the path to ``node``: count the hit, back up what reached the threshold."""
@@ -183,14 +185,45 @@ class HiCacheController:
             return
         for n in self.tree.path_to(node):
             n.hit_count += 1
-            if (self._backup_at is not None and n.host_value is None and n.value is not None
-                    and n.hit_count >= self._backup_at):  # fmt: skip
-                self.backup_node(n)
+            if self._backup_at is not None and n.hit_count >= self._backup_at:
+                self._backup_soon(n)
+
+    def _backup_soon(self, node: Node) -> None:
+        """Back ``node`` up now if its slot numbers are on the host, else at the next chance.
+
+        A finished request's slots come back from the device asynchronously
+        (``Node.set_value_async``); reading them at once would wait for the forward pass in
+        flight and leave the GPU idle until the scheduler's next launch. Such nodes wait in
+        ``_pending`` until their copy has landed (``_backup_pending``, run on every insert, hit
+        and poll), or until eviction reaches them (``backup``)."""
+        if node.host_value is not None or not node.on_device:
+            return
+        if node.value_ready:
+            self.backup_node(node)
+        else:
+            self._pending[id(node)] = node
+
+    def _backup_pending(self) -> None:
+        """Back up the pending nodes whose slot numbers have landed; drop those that no longer need it.
+
+        A pending node may have been split meanwhile (another request matched part of it): the
+        upper part is a new node, so the whole path is checked again."""
+        for key, n in list(self._pending.items()):
+            if n.host_value is not None or not n.on_device:
+                del self._pending[key]
+            elif n.value_ready:
+                del self._pending[key]
+                assert self._backup_at is not None  # only write-through policies queue nodes
+                for m in self.tree.path_to(n):
+                    if m.hit_count >= self._backup_at:
+                        self._backup_soon(m)
 
     # ------------------------------------------------------------------ HostTier (called by evict)
     def backup(self, node: Node) -> bool:
         """A device leaf without a host copy is being evicted: keep it on the host when the policy
         says so (write_back), or when host-only nodes hang below it (they need their parent)."""
+        if self._pending.pop(id(node), None) is not None:  # due for write-through already
+            return self.backup_node(node)
         if self.cfg.write_policy != "write_back" and node.is_leaf:
             return False
         if self.backup_node(node):
@@ -365,7 +398,9 @@ class HiCacheController:
         return False
 
     def poll(self) -> None:
-        """Insert finished prefetches into the host tier (as host-only nodes marked from storage)."""
+        """Insert finished prefetches into the host tier (as host-only nodes marked from storage);
+        back up the pending nodes whose slot numbers have landed."""
+        self._backup_pending()
         for name, op in [(k, o) for k, o in self._ops.items() if o.future.done()]:
             del self._ops[name]
             try:

@@ -80,6 +80,13 @@ class Node:
     def value(self, value: torch.Tensor | None) -> None:
         self._value, self._ready = value, None
 
+    @property
+    def value_ready(self) -> bool:
+        """Whether reading :attr:`value` would return at once (no copy from the device pending)."""
+        if self._ready is not None and self._ready.query():
+            self._ready = None
+        return self._ready is None
+
     def set_value_async(self, slots: torch.Tensor) -> None:
         """``value = slots`` (copied to the host) without waiting for a device tensor's copy."""
         self._value, self._ready = to_host_async(slots)

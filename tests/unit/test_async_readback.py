@@ -15,17 +15,26 @@ from phloem.runtime.host_copy import to_host_async
 
 
 class RecordingEvent:
+    """Logs each wait; ``query()`` says whether the copy has landed (``LANDED[0]``, set by tests)."""
+
     def __init__(self, log: list[str], name: str) -> None:
         self.log, self.name = log, name
 
     def synchronize(self) -> None:
         self.log.append(self.name)
 
+    def query(self) -> bool:
+        return LANDED[0]
+
+
+LANDED = [False]
+
 
 @pytest.fixture
 def waits(monkeypatch) -> list[str]:
-    """Every ``to_host_async`` copy comes with an event that logs its wait."""
+    """Every ``to_host_async`` copy comes with an event that logs its wait (not landed yet)."""
     log: list[str] = []
+    LANDED[0] = False
 
     def fake(t: torch.Tensor):
         host, _ = to_host_async(t)
@@ -96,3 +105,50 @@ def test_sharing_a_computed_prefix_waits_for_nothing_new(waits):
     assert table[1, : len(prompt)].tolist() == first_slots.tolist()
     assert len(waits) == 1 and second.node is first.node
     assert cm.available_size == 64 - len(prompt)  # the second request's duplicates were freed
+
+
+def _finish_one(setup, tokens: list[int]) -> list[int]:
+    """A request computes ``tokens`` from scratch and finishes (its row read back asynchronously);
+    returns its slots."""
+    handle = setup.cm.acquire(setup.cm.match(tokens, max_len=len(tokens) - 1))
+    slots = setup.cm.alloc(len(tokens))
+    setup.write(tokens, slots, 0)
+    setup.table[0, : len(tokens)] = slots
+    setup.cm.cache_finished(handle, tokens, setup.table[0, : len(tokens)])
+    return slots.tolist()
+
+
+def test_write_through_backs_up_once_the_slots_have_landed(waits):
+    """With the host tier on, a finished request's node is copied to the host only once its slot
+    numbers are on the host: never by waiting for the forward pass in flight."""
+    from tests.unit.test_hicache import Setup, seq
+
+    s = Setup(policy="write_through")
+    tokens = seq(100, 20)
+    _finish_one(s, tokens)
+    assert waits == [] and s.hc.counters.backed_up_tokens == 0  # queued, nothing read
+    s.cm.match(seq(900, 4))  # the next admission polls: the copy has not landed yet
+    assert waits == [] and s.hc.counters.backed_up_tokens == 0
+    LANDED[0] = True
+    s.cm.match(seq(900, 4))
+    assert waits == [] and s.hc.counters.backed_up_tokens == 20  # landed: no wait needed
+    assert s.tree.find_node(tokens).tier == "both"
+    s.cm.check_integrity()
+    s.run(tokens)  # served from the cache, with the KV the request wrote
+    assert s.hc.counters.backed_up_tokens == 20
+
+
+def test_eviction_backs_up_a_node_still_waiting_for_its_slots(waits):
+    """Under write-through a node due for its host copy keeps it even when eviction comes first."""
+    from tests.unit.test_hicache import Setup, seq
+
+    s = Setup(device=64, policy="write_through")
+    first = seq(100, 40)
+    first_slots = _finish_one(s, first)
+    assert waits == [] and s.hc.counters.backed_up_tokens == 0
+    s.run(seq(500, 40))  # needs room before the copy lands: the first prompt leaves the device
+    assert waits[0] == f"copy0:{first_slots}"  # eviction read the slots (waited) to copy them out
+    assert s.hc.counters.backed_up_tokens >= 40
+    m = s.cm.match(first, max_len=39)
+    assert (m.length, m.host_length) == (0, 39)
+    s.run(first)  # loaded back from the host with the KV it was computed with
