@@ -16,6 +16,7 @@ import torch
 
 # ||fused - ref|| / ||ref||; both round to the dtype, so the gap is a few last-place differences
 REL_TOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 8e-3}
+FP8 = torch.float8_e4m3fn  # the fp8 KV pool's storage dtype
 # Triton's interpreter truncates float32 -> bfloat16 where the GPU rounds to nearest even: there,
 # bf16 results get a looser bound and x + residual is not compared bit for bit.
 INTERPRETER_BF16_TOL = 2e-2
@@ -221,9 +222,6 @@ def check_rope_store_fp8(
     assert torch.equal(k_buf[untouched].view(torch.uint8), ref_k[untouched].view(torch.uint8))
     assert torch.equal(v_buf[untouched].view(torch.uint8), ref_v[untouched].view(torch.uint8))
     return 0.0
-
-
-FP8 = torch.float8_e4m3fn
 
 
 def run_small(dtypes: dict[str, torch.dtype], device: str = "cpu") -> int:
