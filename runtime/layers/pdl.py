@@ -36,23 +36,10 @@ try:
 except ImportError:  # an older Triton: pdl_enabled() stays False, the jitted branches never run
     gdc_launch_dependents = gdc_wait = None
 
-__all__ = [
-    "l2_prefetch_rows",
-    "launch_kwargs",
-    "pdl_enabled",
-    "pdl_trigger",
-    "pdl_wait",
-    "prefetch_cols",
-    "set_pdl",
-    "set_prefetch_budget",
-]
+__all__ = ["launch_kwargs", "pdl_enabled", "pdl_trigger", "pdl_wait", "set_pdl"]
 
 ENV = "PHLOEM_PDL"
-PREFETCH_ENV = "PHLOEM_L2_PREFETCH_MB"
-DEFAULT_PREFETCH_MB = 32
-LINE = 128  # bytes per L2 line: one prefetch instruction each
 _switch: bool | None = None  # None: read the environment on first use
-_prefetch_bytes: int | None = None  # None: read the environment on first use
 _capable: dict[int, bool] = {}  # device index -> compute capability >= 9.0
 
 
@@ -76,34 +63,6 @@ def pdl_enabled(device: torch.device) -> bool:
     return ok
 
 
-def set_prefetch_budget(megabytes: float) -> None:
-    """Bytes of weights one launch may prefetch into L2 before its PDL wait (0: none); see
-    :func:`prefetch_cols`. In the process, before any graph is captured."""
-    global _prefetch_bytes
-    _prefetch_bytes = max(int(megabytes * (1 << 20)), 0)
-
-
-def prefetch_cols(n_rows: int, k: int, element_size: int, block_k: int, pdl: bool) -> int:
-    """Leading columns of each of an ``[n_rows, k]`` weight's rows that a PDL kernel prefetches
-    into L2 while it waits for the previous kernel (:func:`l2_prefetch_rows`).
-
-    At batch 1 the kernels before a projection can leave HBM idle (attention over a short context
-    runs a few microseconds on few SMs); a prefetch issued by the projection's resident programs
-    fills that gap with its own weight. The amount is capped (``PHLOEM_L2_PREFETCH_MB``, default
-    :data:`DEFAULT_PREFETCH_MB`) so the prefetched lines are still in L2 (50 MB on an H200) when
-    the program reads them; below a whole row the columns are a multiple of ``block_k``, and the
-    first ``block_k`` (which the kernels load before the wait anyway) are not prefetched again.
-    """
-    global _prefetch_bytes
-    if not pdl or n_rows <= 0 or k <= block_k:
-        return 0
-    if _prefetch_bytes is None:
-        set_prefetch_budget(float(os.environ.get(PREFETCH_ENV, DEFAULT_PREFETCH_MB)))
-    assert _prefetch_bytes is not None
-    cols = _prefetch_bytes // (n_rows * element_size)
-    return k if cols >= k else cols // block_k * block_k
-
-
 def launch_kwargs(pdl: bool) -> dict[str, Any]:
     """Extra launch options for a kernel compiled with ``PDL=pdl``."""
     return {"launch_pdl": True} if pdl else {}
@@ -125,24 +84,3 @@ def pdl_wait(PDL: tl.constexpr):
     """Wait until the previous kernel has finished and its writes are visible (a no-op without PDL)."""
     if PDL:
         gdc_wait()
-
-
-@triton.jit
-def l2_prefetch_rows(
-    rows, PF_COLS, BLOCK_K: tl.constexpr, ELEMENTS_PER_LINE: tl.constexpr, PDL: tl.constexpr
-):
-    """Prefetch columns ``BLOCK_K .. PF_COLS`` of the weight rows ``rows`` (``[BLOCK_N, 1]``
-    pointers, all in bounds) into L2: one ``prefetch.global.L2`` per line, no registers held, so
-    the program can issue it before :func:`pdl_wait` and read the lines from L2 after it."""
-    if PDL:
-        lines = tl.arange(0, BLOCK_K // ELEMENTS_PER_LINE) * ELEMENTS_PER_LINE
-        for c0 in range(BLOCK_K, PF_COLS, BLOCK_K):
-            cols = tl.minimum(c0 + lines, PF_COLS - 1)
-            tl.inline_asm_elementwise(
-                "prefetch.global.L2 [$1];\n\tmov.u32 $0, 0;",
-                "=r,l",
-                [rows + cols[None, :]],
-                dtype=tl.int32,
-                is_pure=False,
-                pack=1,
-            )

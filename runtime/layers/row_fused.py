@@ -26,14 +26,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from phloem.runtime.layers.pdl import (
-    l2_prefetch_rows,
-    launch_kwargs,
-    pdl_enabled,
-    pdl_trigger,
-    pdl_wait,
-    prefetch_cols,
-)
+from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
 
 __all__ = ["norm_linear_row", "row_config"]
@@ -66,9 +59,9 @@ def _norm_row_chunk(
 @triton.jit
 def _norm_row_kernel(
     x_ptr, res_ptr, h_ptr, g_ptr, w_ptr, b_ptr, y_ptr,
-    N, K, HALF, stride_wn, eps, PF_COLS,
+    N, K, HALF, stride_wn, eps,
     HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr, LINE_ELEMS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (cdiv(N, BLOCK_N),) with N the output width (I for GLU)
     pdl_trigger(PDL)
@@ -81,12 +74,8 @@ def _norm_row_kernel(
     acc_a = tl.zeros((BLOCK_N,), dtype=tl.float32)
     acc_b = tl.zeros((BLOCK_N,), dtype=tl.float32)
     sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    # before waiting on the previous kernel (PDL), weights only (no kernel of the step writes
-    # them): the rows' next PF_COLS columns go to L2, and the first chunk is loaded
-    safe_n = tl.where(n_mask, offs_n, 0).to(tl.int64)[:, None]
-    l2_prefetch_rows(w_ptr + safe_n * stride_wn, PF_COLS, BLOCK_K, LINE_ELEMS, PDL)
-    if GLU:
-        l2_prefetch_rows(w_ptr + (safe_n + HALF) * stride_wn, PF_COLS, BLOCK_K, LINE_ELEMS, PDL)
+    # the first chunk of W is read before waiting on the previous kernel (PDL): no kernel of the
+    # step writes weights
     w_mask = n_mask[:, None] & (offs_k < K)[None, :]
     w_a = tl.load(rows_a + offs_k[None, :], mask=w_mask, other=0.0)
     w_b = w_a
@@ -165,9 +154,9 @@ def norm_linear_row(
     _norm_row_kernel[(triton.cdiv(n, block_n),)](
         x, residual.contiguous() if residual is not None else x, h, norm_weight, weight,
         bias if bias is not None else weight, y,
-        n, k, n, weight.stride(0), float(eps), prefetch_cols(n_rows, k, weight.element_size(), cfg.block_k, pdl),
+        n, k, n, weight.stride(0), float(eps),
         HAS_RES=residual is not None, HAS_BIAS=bias is not None, GLU=glu,
-        BLOCK_N=block_n, BLOCK_K=cfg.block_k, PDL=pdl, LINE_ELEMS=128 // weight.element_size(),
+        BLOCK_N=block_n, BLOCK_K=cfg.block_k, PDL=pdl,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
     )  # fmt: skip
     return y, h

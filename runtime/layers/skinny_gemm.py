@@ -31,14 +31,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from phloem.runtime.layers.pdl import (
-    l2_prefetch_rows,
-    launch_kwargs,
-    pdl_enabled,
-    pdl_trigger,
-    pdl_wait,
-    prefetch_cols,
-)
+from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = ["MAX_ROWS", "SkinnyConfig", "pick_config", "skinny_linear", "skinny_wins"]
 
@@ -83,10 +76,9 @@ def skinny_wins(n: int, k: int, rows: int) -> bool:
 @triton.jit
 def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
-    M, N, K, stride_xm, stride_wn, stride_ym, PF_COLS,
+    M, N, K, stride_xm, stride_wn, stride_ym,
     HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-    LINE_ELEMS: tl.constexpr,
 ):  # fmt: skip
     # grid: (cdiv(N, BLOCK_N),); every program reads its BLOCK_N rows of W once
     pdl_trigger(PDL)
@@ -95,11 +87,9 @@ def _skinny_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    # before waiting on the previous kernel (PDL), weights only (no kernel of the step writes
-    # them): the rows' next PF_COLS columns go to L2, and the one-row path loads its first chunk
-    l2_prefetch_rows(w_ptr + tl.where(n_mask, offs_n, 0).to(tl.int64)[:, None] * stride_wn,
-                     PF_COLS, BLOCK_K, LINE_ELEMS, PDL)  # fmt: skip
     if ONE_ROW:
+        # the first chunk of W is read before waiting on the previous kernel (PDL): no kernel of
+        # the step writes weights
         k_mask = offs_k < K
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         pdl_wait(PDL)
@@ -177,10 +167,8 @@ def skinny_linear(
             _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
                 x2, weight, bias if bias is not None else weight, y,
                 m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                prefetch_cols(n, k, weight.element_size(), cfg.block_k, pdl),
                 HAS_BIAS=bias is not None, ONE_ROW=m == 1, UPCAST=_INTERPRETED,
                 BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
-                LINE_ELEMS=128 // weight.element_size(),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
             )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)
