@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import os
 import sys
@@ -249,45 +250,50 @@ def sweep_splits(shape: str, batches: list[int], bandwidth: float) -> list[dict]
     return rows
 
 
-def sweep_extend(shape: str, rate: float) -> list[dict]:
+EXTEND_GRID = ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3))  # query block, key block, warps, stages
+
+
+def sweep_extend(shape: str, rate: float, kv_dtype: torch.dtype = torch.bfloat16, grid=None) -> list[dict]:
     """Every (query block, key block, warps, stages) of the extend kernel on one prefill chunk
-    like the offline workload's: 16 prompts of 100-1,000 tokens (seeded), no cached prefix."""
+    like the offline workload's: 16 prompts of 100-1,000 tokens (seeded), no cached prefix. An fp8
+    pool runs every setting with float16 dots and with bfloat16 dots (``f16_dot``)."""
     from phloem.runtime.attention.triton_kernels import extend_attention, extend_block_table
     from phloem.runtime.executor.forward_io import ForwardMode
 
     hq, _, d = SHAPES[shape]
     gen = torch.Generator().manual_seed(0)
     ext = torch.randint(100, 1001, (16,), generator=gen).tolist()
-    pool, rtt, fi, q, k, v = _setup(shape, [0] * len(ext), ext, ForwardMode.EXTEND)
+    pool, rtt, fi, q, k, v = _setup(shape, [0] * len(ext), ext, ForwardMode.EXTEND, kv_dtype=kv_dtype)
     tri = _backend("triton", pool, rtt, fi, hq)
+    k_scale, v_scale = pool.get_kv_scales(0) if kv_dtype.itemsize == 1 else (1.0, 1.0)
     ref = tri.forward_extend(q, k, v, 0)  # default settings; writes the new K/V
     k_buf, v_buf = pool.get_kv(0)
     out = torch.empty_like(q)
     pairs = sum(e * (e + 1) // 2 for e in ext)
     floor_ms = 4 * pairs * hq * d / rate * 1e3
     rows = []
-    for block_m in (64, 128):
+    settings = itertools.product(*(grid or EXTEND_GRID), (True, False) if kv_dtype.itemsize == 1 else (None,))
+    for block_m, block_n, warps, stages, f16 in settings:
         block_req, block_idx = extend_block_table(fi.extend_lens, fi.num_tokens, block_m)
-        for block_n in (32, 64, 128):
-            for warps in (4, 8):
-                for stages in (1, 2, 3):
-                    run = functools.partial(
-                        extend_attention, q, k_buf, v_buf, out,
-                        req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
-                        prefix_lens=fi.prefix_lens, extend_lens=fi.extend_lens, q_start=tri.q_start,
-                        block_req=block_req, block_m=block_idx, sm_scale=d**-0.5, block_size_m=block_m,
-                        block_n=block_n, num_warps=warps, num_stages=stages,
-                    )  # fmt: skip
-                    try:
-                        ms = do_bench(run, warmup=5, rep=30, return_mode="median")
-                    except Exception as exc:  # out of resources for this tile
-                        print(f"skip {block_m}/{block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
-                        continue
-                    rows.append({"kind": "extend-sweep", "shape": shape, "tokens": sum(ext), "block_m": block_m,
-                                 "block_n": block_n, "warps": warps, "stages": stages, "ms": round(ms, 4),
-                                 "floor_ms": round(floor_ms, 4), "ratio": round(ms / floor_ms, 2),
-                                 "tflops": round(4 * pairs * hq * d / ms / 1e9, 1),
-                                 "max_diff_vs_default": float((out.float() - ref.float()).abs().max())})  # fmt: skip
+        run = functools.partial(
+            extend_attention, q, k_buf, v_buf, out,
+            req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
+            prefix_lens=fi.prefix_lens, extend_lens=fi.extend_lens, q_start=tri.q_start,
+            block_req=block_req, block_m=block_idx, sm_scale=d**-0.5, k_scale=k_scale,
+            v_scale=v_scale, block_size_m=block_m, block_n=block_n, num_warps=warps,
+            num_stages=stages, f16_dot=f16,
+        )  # fmt: skip
+        try:
+            ms = do_bench(run, warmup=5, rep=30, return_mode="median")
+        except Exception as exc:  # out of resources for this tile
+            print(f"skip {block_m}/{block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
+            continue
+        rows.append({"kind": "extend-sweep", "shape": shape, "tokens": sum(ext), "block_m": block_m,
+                     "kv_dtype": str(kv_dtype).split(".")[-1], "f16_dot": f16,
+                     "block_n": block_n, "warps": warps, "stages": stages, "ms": round(ms, 4),
+                     "floor_ms": round(floor_ms, 4), "ratio": round(ms / floor_ms, 2),
+                     "tflops": round(4 * pairs * hq * d / ms / 1e9, 1),
+                     "max_diff_vs_default": float((out.float() - ref.float()).abs().max())})  # fmt: skip
     for r in sorted(rows, key=lambda r: r["ms"])[:5]:
         print(json.dumps(r), flush=True)
     return rows
@@ -321,6 +327,11 @@ def _write_sweep(path: str, flag: str, rows: list[dict]) -> int:
     return 0
 
 
+def _grid(spec: str) -> tuple[tuple[int, ...], ...]:
+    """``"64,128:4,8:3"`` -> ``((64, 128), (4, 8), (3,))``: the values of each setting."""
+    return tuple(tuple(int(x) for x in part.split(",")) for part in spec.split(":"))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -333,11 +344,16 @@ def main() -> int:
                     help="pool dtype of --decode-sweep")  # fmt: skip
     ap.add_argument("--decode-grid", metavar="BLOCK_NS:WARPS:STAGES",
                     help="settings of --decode-sweep, e.g. 64,128:2,4:3 (default: all)")  # fmt: skip
+    ap.add_argument("--extend-grid", metavar="BLOCK_MS:BLOCK_NS:WARPS:STAGES",
+                    help="--extend-sweep: these settings only (default: the full grid)")  # fmt: skip
     ap.add_argument("--extend-sweep", metavar="SHAPE",
                     help="only sweep the extend kernel's settings on one prefill chunk of this shape")  # fmt: skip
     args = ap.parse_args()
     if args.extend_sweep:
-        return _write_sweep(args.out, "--extend-sweep", sweep_extend(args.extend_sweep, matmul_rate()))
+        kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8_e4m3" else torch.bfloat16
+        grid = _grid(args.extend_grid) if args.extend_grid else None
+        rows = sweep_extend(args.extend_sweep, matmul_rate(), kv_dtype, grid)
+        return _write_sweep(args.out, "--extend-sweep", rows)
     if args.split_sweep:
         shape, batches = args.split_sweep.split(":")
         rows = sweep_splits(shape, [int(b) for b in batches.split(",")], copy_bandwidth())
@@ -345,11 +361,7 @@ def main() -> int:
     if args.decode_sweep:
         shape, bs, ctx = args.decode_sweep.split(":")
         kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8_e4m3" else torch.bfloat16
-        grid = (
-            tuple(tuple(int(x) for x in part.split(",")) for part in args.decode_grid.split(":"))
-            if args.decode_grid
-            else None
-        )
+        grid = _grid(args.decode_grid) if args.decode_grid else None
         rows = sweep_decode(shape, int(bs), int(ctx), copy_bandwidth(), kv_dtype, grid)
         return _write_sweep(args.out, "--decode-sweep", rows)
     bandwidth, rate = copy_bandwidth(), matmul_rate()
