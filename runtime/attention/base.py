@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
     from phloem.runtime.executor.forward_io import ForwardInput
 
-__all__ = ["AttentionBackend", "KVTarget", "QKNorm"]
+__all__ = ["AttentionBackend", "QKNorm"]
 
 
 class QKNorm(NamedTuple):
@@ -39,16 +39,6 @@ class QKNorm(NamedTuple):
         from phloem.runtime.layers.rmsnorm import rms_norm
 
         return rms_norm(q, self.q_weight, self.eps), rms_norm(k, self.k_weight, self.eps)
-
-
-class KVTarget(NamedTuple):
-    """A layer's K/V pool buffers ``[slots, Hk, D]``, the batch's slots and the fp8 scales."""
-
-    k_buf: torch.Tensor
-    v_buf: torch.Tensor
-    slots: torch.Tensor
-    k_scale: float
-    v_scale: float
 
 
 class AttentionBackend(ABC):
@@ -125,17 +115,6 @@ class AttentionBackend(ABC):
         if qk_norm is not None:
             q, k = qk_norm.apply(q, k)
         return RotaryEmbedding.apply(q, k, cos_sin)
-
-    def row_kv_target(self, layer: int, x: torch.Tensor) -> KVTarget | None:
-        """Where the decode projection of a one-row batch may write layer ``layer``'s new K/V
-        itself (rotated, quantized for an fp8 pool), given the layer input ``x``; ``None`` when
-        this backend or batch does not take that path. After a write there, the layer calls
-        :meth:`decode_stored` instead of :meth:`forward`."""
-        return None
-
-    def decode_stored(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        """Decode attention of rotated ``q`` whose K/V are already in the pool (``row_kv_target``)."""
-        raise NotImplementedError(f"{type(self).__name__} does not take K/V written by the projection")
 
     @abstractmethod
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:

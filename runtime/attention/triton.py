@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from phloem.runtime.attention.base import AttentionBackend, KVTarget, QKNorm
+from phloem.runtime.attention.base import AttentionBackend, QKNorm
 from phloem.runtime.attention.triton_kernels import (
     decode_attention,
     decode_num_splits,
@@ -82,22 +82,6 @@ class TritonBackend(AttentionBackend):
         )
         self._stored_layer = layer
         return q, k
-
-    def row_kv_target(self, layer: int, x: torch.Tensor) -> KVTarget | None:
-        """Decode batches with the fused kernels on: the pool buffers, in the activation dtype or
-        fp8 (``norm_qkv_rope_row`` writes them as ``rope_store_`` does)."""
-        if self.mode != ForwardMode.DECODE or not use_fused(x):
-            return None
-        k_buf, v_buf = self.kv_pool.get_kv(layer)
-        if k_buf.dtype not in (x.dtype, torch.float8_e4m3fn):
-            return None
-        if self.layer_ready is not None:
-            self.layer_ready.wait(layer)  # as forward() does before any pool write
-        return KVTarget(k_buf, v_buf, self.out_slots, *self.kv_pool.get_kv_scales(layer))
-
-    def decode_stored(self, q: torch.Tensor, layer: int) -> torch.Tensor:
-        self._stored_layer = layer
-        return self.forward_decode(q, q, q, layer)  # k, v unused: _store skips the written layer
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> None:
         if self._stored_layer != layer:

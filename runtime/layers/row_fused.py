@@ -5,9 +5,7 @@ whatever it computes, so the step time is mostly launch count (SmolLM2-135M on a
 kernels, 0.65 ms). This kernel folds two of them into the projection that follows:
 
 - ``input_layernorm`` (its residual add included) into the qkv projection;
-- ``post_attention_layernorm`` into the MLP's gate/up projection, and SiLU x mul into its output;
-- with :func:`norm_qkv_rope_row`, also RoPE and the K/V write into the qkv projection's output
-  (models without per-head q/k norms; the attention backend says where K/V go).
+- ``post_attention_layernorm`` into the MLP's gate/up projection, and SiLU x mul into its output.
 
 The norm is a scalar per row, so it factors out of the dot product and one pass over ``W`` does
 everything (``h = x + residual``, ``g`` the norm weight, ``r = rsqrt(mean(h^2) + eps)``)::
@@ -28,11 +26,10 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from phloem.runtime.layers.fused_triton import _to_fp8
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
 
-__all__ = ["norm_linear_row", "norm_qkv_rope_row", "row_config"]
+__all__ = ["norm_linear_row", "row_config"]
 
 
 @triton.jit
@@ -106,79 +103,6 @@ def _norm_row_kernel(
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-@triton.jit
-def _norm_qkv_rope_kernel(
-    x_ptr, res_ptr, h_ptr, g_ptr, w_ptr, b_ptr, q_ptr, cos_ptr, sin_ptr, k_buf_ptr, v_buf_ptr, slot_ptr,
-    K, stride_wn, stride_kbh, stride_vbh, stride_kbt, stride_vbt, eps, k_scale, v_scale,
-    NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, QUANT: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    # grid: ((Hq + 2 Hk) * HALF / BLOCK_P,). A program computes BLOCK_P rotation pairs (column i
-    # of a head and its partner i + HALF) of one head, so RoPE needs nothing from other programs.
-    pdl_trigger(PDL)
-    pid = tl.program_id(0)
-    per_head: tl.constexpr = HALF // BLOCK_P
-    head = pid // per_head
-    offs_i = (pid % per_head) * BLOCK_P + tl.arange(0, BLOCK_P)  # pair index within the head
-    col_a = head * 2 * HALF + offs_i  # the pair's first column of the stacked q/k/v output
-    rows_a = w_ptr + col_a.to(tl.int64)[:, None] * stride_wn
-    rows_b = rows_a + HALF * stride_wn
-    offs_k = tl.arange(0, BLOCK_K)
-    acc_a = tl.zeros((BLOCK_P,), dtype=tl.float32)
-    acc_b = tl.zeros((BLOCK_P,), dtype=tl.float32)
-    sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-    # weights only before the wait (PDL): no kernel of the step writes them
-    k_mask = (offs_k < K)[None, :]
-    w_a = tl.load(rows_a + offs_k[None, :], mask=k_mask, other=0.0)
-    w_b = tl.load(rows_b + offs_k[None, :], mask=k_mask, other=0.0)
-    pdl_wait(PDL)
-    acc_a, acc_b, sq = _norm_row_chunk(
-        0, w_a, w_b, acc_a, acc_b, sq, x_ptr, res_ptr, h_ptr, g_ptr, pid, offs_k, K, HAS_RES, True
-    )
-    for k0 in range(BLOCK_K, K, BLOCK_K):
-        k_mask = (k0 + offs_k < K)[None, :]
-        w_a = tl.load(rows_a + (k0 + offs_k)[None, :], mask=k_mask, other=0.0)
-        w_b = tl.load(rows_b + (k0 + offs_k)[None, :], mask=k_mask, other=0.0)
-        acc_a, acc_b, sq = _norm_row_chunk(
-            k0, w_a, w_b, acc_a, acc_b, sq, x_ptr, res_ptr, h_ptr, g_ptr, pid, offs_k, K, HAS_RES, True
-        )
-    r = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-    ya = acc_a * r
-    yb = acc_b * r
-    if HAS_BIAS:
-        ya += tl.load(b_ptr + col_a).to(tl.float32)
-        yb += tl.load(b_ptr + col_a + HALF).to(tl.float32)
-    # the projection's output in the activation dtype, then RoPE on it, as the unfused layers do
-    dtype = q_ptr.dtype.element_ty
-    ya = ya.to(dtype).to(tl.float32)
-    yb = yb.to(dtype).to(tl.float32)
-    y1 = ya.to(dtype)
-    y2 = yb.to(dtype)
-    if head < NUM_Q_HEADS + NUM_KV_HEADS:  # q and k rotate; v does not
-        cos = tl.load(cos_ptr + offs_i).to(tl.float32)
-        sin = tl.load(sin_ptr + offs_i).to(tl.float32)
-        y1 = (ya * cos - yb * sin).to(dtype)
-        y2 = (yb * cos + ya * sin).to(dtype)
-    if head < NUM_Q_HEADS:
-        tl.store(q_ptr + col_a, y1)
-        tl.store(q_ptr + col_a + HALF, y2)
-    else:
-        slot = tl.load(slot_ptr).to(tl.int64)
-        if head < NUM_Q_HEADS + NUM_KV_HEADS:
-            dst = k_buf_ptr + slot * stride_kbt + (head - NUM_Q_HEADS) * stride_kbh + offs_i
-            scale = k_scale
-        else:
-            dst = v_buf_ptr + slot * stride_vbt + (head - NUM_Q_HEADS - NUM_KV_HEADS) * stride_vbh + offs_i
-            scale = v_scale
-        if QUANT:
-            tl.store(dst, _to_fp8(y1, scale, k_buf_ptr.dtype.element_ty))
-            tl.store(dst + HALF, _to_fp8(y2, scale, k_buf_ptr.dtype.element_ty))
-        else:
-            tl.store(dst, y1)
-            tl.store(dst + HALF, y2)
-
-
 def row_config(n_rows: int, k: int, *, glu: bool) -> SkinnyConfig:
     """Block sizes for an ``[n_rows, K]`` stacked weight, from a sweep on an H200 at one row
     (``benchmarks/gpu/row_fused_bench.py --sweep``; the shapes of SmolLM2-135M, Qwen3-0.6B and
@@ -236,76 +160,3 @@ def norm_linear_row(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
     )  # fmt: skip
     return y, h
-
-
-def norm_qkv_rope_row(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    norm_weight: torch.Tensor,
-    eps: float,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    cos: torch.Tensor,
-    sin: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    slot: torch.Tensor,
-    *,
-    num_q_heads: int,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One decode row's attention input in one kernel: ``rms_norm(x + residual)``, the stacked
-    q/k/v projection (``weight`` ``[(Hq + 2 Hk) D, K]``), RoPE on q and k (rotate-half pairs,
-    ``cos``/``sin`` of the row's position, ``[D/2]`` after flattening), and k, v written to the
-    pool buffers ``k_buf``/``v_buf`` ``[slots, Hk, D]`` at ``slot`` (``[1]``; an fp8 pool is
-    quantized with ``k_scale``/``v_scale`` as ``KVPool.set_kv`` quantizes). Returns the rotated
-    ``q`` ``[1, Hq D]`` and the sum ``x + residual``.
-
-    The oracle is the unfused path: :func:`norm_linear_row`, then ``rope_store_``.
-
-    Raises
-    ------
-    ValueError
-        Not one row, mismatched widths or dtypes, an odd head size, or pool buffers that do not
-        match the weight's heads.
-    """
-    n_rows, k = weight.shape
-    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != k:
-        raise ValueError(f"x must be [1, {k}], got {tuple(x.shape)}")
-    if residual is not None and residual.shape != x.shape:
-        raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
-    if weight.dtype != x.dtype or weight.stride(-1) != 1 or norm_weight.shape != (k,):
-        raise ValueError("weight must share x's dtype and have a contiguous last axis; norm weight [K]")
-    if k_buf.dim() != 3 or k_buf.shape != v_buf.shape or k_buf.stride(-1) != 1 or v_buf.stride(-1) != 1:
-        raise ValueError(
-            f"k_buf / v_buf must be [slots, Hk, D] alike, got {tuple(k_buf.shape)} and {tuple(v_buf.shape)}"
-        )
-    num_kv_heads, head_dim = k_buf.shape[1], k_buf.shape[2]
-    if head_dim % 2 or n_rows != (num_q_heads + 2 * num_kv_heads) * head_dim:
-        raise ValueError(
-            f"weight of {n_rows} rows for {num_q_heads} q heads and {num_kv_heads} kv heads of {head_dim}"
-        )
-    if k_buf.dtype not in (x.dtype, torch.float8_e4m3fn):
-        raise ValueError(f"pool dtype {k_buf.dtype} for activations of {x.dtype}")
-    half = head_dim // 2
-    cos, sin = cos.reshape(-1).contiguous(), sin.reshape(-1).contiguous()
-    if cos.numel() != half or sin.numel() != half:
-        raise ValueError(f"cos / sin must hold {half} values, got {cos.numel()} and {sin.numel()}")
-    x = x.contiguous()
-    h = torch.empty_like(x) if residual is not None else x
-    q = torch.empty((1, num_q_heads * head_dim), dtype=x.dtype, device=x.device)
-    cfg = row_config(n_rows, k, glu=False)
-    block_p = max(1, min(cfg.block_n // 2, half & -half))  # pairs per program; divides HALF
-    pdl = pdl_enabled(x.device)
-    _norm_qkv_rope_kernel[((num_q_heads + 2 * num_kv_heads) * half // block_p,)](
-        x, residual.contiguous() if residual is not None else x, h, norm_weight, weight,
-        bias if bias is not None else weight, q, cos, sin, k_buf, v_buf, slot,
-        k, weight.stride(0), k_buf.stride(1), v_buf.stride(1), k_buf.stride(0), v_buf.stride(0),
-        float(eps), float(k_scale), float(v_scale),
-        NUM_Q_HEADS=num_q_heads, NUM_KV_HEADS=num_kv_heads, HALF=half,
-        HAS_RES=residual is not None, HAS_BIAS=bias is not None, QUANT=k_buf.dtype != x.dtype,
-        BLOCK_P=block_p, BLOCK_K=cfg.block_k, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
-    )  # fmt: skip
-    return q, h

@@ -102,24 +102,13 @@ class LlamaDecoderLayer(nn.Module):
         self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None, attn: AttentionBackend
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` in four launches plus attention: norm + qkv, attention, o, norm +
-        gate/up + SiLU x mul, down. Where the backend gives a K/V target (decode, no per-head q/k
-        norms), the first also applies RoPE and writes K/V, and attention starts from the pool."""
-        from phloem.runtime.layers.row_fused import norm_linear_row, norm_qkv_rope_row
+        gate/up + SiLU x mul, down."""
+        from phloem.runtime.layers.row_fused import norm_linear_row
 
         qkv_proj, gate_up = self.self_attn.qkv_proj, self.mlp.gate_up_proj
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        sa = self.self_attn
-        target = attn.row_kv_target(sa.layer_id, x) if sa.q_norm is None else None
-        if target is not None:  # RoPE and the K/V write in the projection too (one launch fewer)
-            q, residual = norm_qkv_rope_row(
-                x, residual, n1.weight, n1.eps, qkv_proj.weight, qkv_proj.bias, *rope, *target[:3],
-                num_q_heads=sa.num_heads, k_scale=target.k_scale, v_scale=target.v_scale,
-            )  # fmt: skip
-            out = attn.decode_stored(q.view(1, sa.num_heads, sa.head_dim), sa.layer_id)
-            x = sa.o_proj(out.reshape(1, -1))
-        else:
-            qkv, residual = norm_linear_row(x, residual, n1.weight, n1.eps, qkv_proj.weight, qkv_proj.bias)
-            x = sa.attend(rope, qkv, attn)
+        qkv, residual = norm_linear_row(x, residual, n1.weight, n1.eps, qkv_proj.weight, qkv_proj.bias)
+        x = self.self_attn.attend(rope, qkv, attn)
         if not use_row_fusion(x, gate_up):
             x, residual = n2(x, residual)
             return self.mlp(x), residual
