@@ -12,10 +12,11 @@ Projections of at most 16 rows (decode, verify, drafting) take the skinny matmul
 :mod:`phloem.runtime.layers.skinny_gemm` on CUDA in 16-bit dtypes; ``PHLOEM_DISABLE_SKINNY_GEMM=1``
 or :func:`set_skinny_gemm` sends them back to the GEMM library (``F.linear``), their oracle.
 
-A one-row decoder layer (batch-1 decode) also folds each RMSNorm into the projection after it, and
-SiLU x mul into the MLP's gate/up projection (:mod:`phloem.runtime.layers.row_fused`), wherever that
-projection takes the skinny kernel; ``PHLOEM_DISABLE_ROW_FUSION=1`` or :func:`set_row_fusion`
-keeps the separate kernels.
+A decoder layer of 1-16 rows (small-batch decode, a verify pass) also folds each RMSNorm into the
+projection after it, and SiLU x mul into the MLP's gate/up projection
+(:mod:`phloem.runtime.layers.row_fused`): always at one row, at 2-16 rows where the weight is small
+enough that the separate kernels cost their launches (``row_fused.rows_fusion_wins``);
+``PHLOEM_DISABLE_ROW_FUSION=1`` or :func:`set_row_fusion` keeps the separate kernels.
 """
 
 from __future__ import annotations
@@ -82,18 +83,23 @@ def skinny_gemm_enabled() -> bool:
     return _skinny and fused_kernels_enabled()
 
 
-def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``x @ weight.T`` should run the skinny kernel: CUDA, 16-bit, at most
-    :data:`SKINNY_MAX_ROWS` rows, a weight with a contiguous last axis, a shape where the kernel
-    is the faster one (``skinny_gemm.skinny_wins``), the switch on."""
-    if not (
+def _skinny_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """CUDA, 16-bit, at most :data:`SKINNY_MAX_ROWS` rows, a weight with a contiguous last axis,
+    the switch on: what every few-row Triton projection needs."""
+    return bool(
         x.is_cuda
         and x.dtype in _SKINNY_DTYPES
         and weight.dtype == x.dtype
         and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]
         and weight.stride(-1) == 1
         and skinny_gemm_enabled()
-    ):
+    )
+
+
+def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``x @ weight.T`` should run the skinny kernel: :func:`_skinny_eligible` and a shape
+    where the kernel is the faster one (``skinny_gemm.skinny_wins``)."""
+    if not _skinny_eligible(x, weight):
         return False
     from phloem.runtime.layers.skinny_gemm import skinny_wins
 
@@ -101,7 +107,7 @@ def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
     return skinny_wins(n, k, x.numel() // max(k, 1))
 
 
-# ---- one-row layers with the norm folded in (runtime/layers/row_fused.py) ------------------------
+# ---- few-row layers with the norm folded in (runtime/layers/row_fused.py) ------------------------
 ENV_DISABLE_ROW_FUSION = "PHLOEM_DISABLE_ROW_FUSION"
 _row_fusion: bool | None = None
 
@@ -115,16 +121,21 @@ def set_row_fusion(enabled: bool) -> None:
 
 def use_row_fusion(x: torch.Tensor, linear: torch.nn.Module) -> bool:
     """Whether the norm before ``linear`` (a :class:`~phloem.runtime.layers.linear.Linear`) folds
-    into it for input ``x``: one row, a float weight that takes the skinny kernel, the switch on."""
+    into it for input ``x`` ``[M, K]``: 1-16 rows, a float weight that the few-row kernels take,
+    a shape where folding wins (``row_fused.rows_fusion_wins``), the switch on."""
     if _row_fusion is None:
         set_row_fusion(os.environ.get(ENV_DISABLE_ROW_FUSION) != "1")
     weight = getattr(linear, "weight", None)
-    return bool(
+    if not (
         _row_fusion
         and x.dim() == 2
-        and x.shape[0] == 1
         and weight is not None
         and getattr(linear, "quant", None) is None
         and not getattr(linear, "row_tile", 0)
-        and use_skinny(x, weight)
-    )
+        and _skinny_eligible(x, weight)
+    ):
+        return False
+    from phloem.runtime.layers.row_fused import rows_fusion_wins
+
+    n, k = weight.shape
+    return rows_fusion_wins(n, k, x.shape[0])

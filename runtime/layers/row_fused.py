@@ -1,4 +1,4 @@
-"""One-row decode projections with the RMSNorm before them (and SwiGLU after) in the same kernel.
+"""Few-row decode projections with the RMSNorm before them (and SwiGLU after) in the same kernel.
 
 At batch 1 a decoder layer of a small model is ten short launches; each costs a few microseconds
 whatever it computes, so the step time is mostly launch count (SmolLM2-135M on an H200: ~300
@@ -19,17 +19,38 @@ Every program reads all of ``h`` (it needs it for the dot anyway); program 0 als
 out, the residual stream the next norm adds to. Rounding differs from the unfused layers in one
 place: the normalized row and the gate/up values are not rounded to 16 bits before use (the
 oracle is the unfused torch path: ``add_rms_norm_ref``, ``F.linear``, ``silu_and_mul_ref``).
+
+Two to :data:`MAX_ROWS` rows (small-batch decode, a speculative verify pass, the draft head) take
+a second kernel built on ``tl.dot``, whose operands must be 16-bit: each program first sums
+``h^2`` over the whole of its rows (``h`` is small and stays in L2), then normalizes each chunk
+exactly as the separate norm kernel does (``h * r * g`` rounded to the activation dtype) and
+multiplies it by its ``BLOCK_N`` weight rows. So the projection sees the separate norm's values;
+only the gate/up values reach SiLU x mul unrounded. It replaces two or three launches (norm,
+library GEMM, SiLU x mul) by one where :func:`rows_fusion_wins` says so.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 import triton
 import triton.language as tl
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
-from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
+from phloem.runtime.layers.skinny_gemm import MAX_ROWS, SkinnyConfig, pick_config
 
-__all__ = ["norm_linear_row", "row_config"]
+__all__ = [
+    "MAX_ROWS",
+    "ROWS_FUSION_MAX_ELEMENTS",
+    "ROWS_FUSION_MAX_K",
+    "norm_linear_rows",
+    "row_config",
+    "rows_fusion_wins",
+]
+
+# Triton's CPU interpreter multiplies bfloat16 dot operands wrongly (as in skinny_gemm): there the
+# few-row kernel feeds the dot float32 copies of its 16-bit tiles.
+_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -103,18 +124,136 @@ def _norm_row_kernel(
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
-def row_config(n_rows: int, k: int, *, glu: bool) -> SkinnyConfig:
-    """Block sizes for an ``[n_rows, K]`` stacked weight, from a sweep on an H200 at one row
-    (``benchmarks/gpu/row_fused_bench.py --sweep``; the shapes of SmolLM2-135M, Qwen3-0.6B and
-    Llama-3-8B). Four warps everywhere; gate/up: two columns per program (four weight rows with
-    their up rows), K in chunks of 1,024; qkv: the plain kernel's columns, K in chunks of 512 from
-    K = 1,024 (one chunk below that)."""
+@triton.jit
+def _rows_h(x_rows, r_rows, h_ptr, kk, hm, K, offs_m, pid, HAS_RES: tl.constexpr, dtype: tl.constexpr):
+    """One chunk of ``h = x + residual`` (rounded as a plain add rounds it); program 0 stores it."""
+    h = tl.load(x_rows + kk[None, :], mask=hm, other=0.0)
+    if HAS_RES:
+        h = (h.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=hm, other=0.0).to(tl.float32)).to(dtype)
+        if pid == 0:
+            tl.store(h_ptr + offs_m[:, None] * K + kk[None, :], h, mask=hm)
+    return h
+
+
+@triton.jit
+def _rows_dot(acc, hn, w, UPCAST: tl.constexpr):
+    if UPCAST:  # exact: 16-bit values and their products fit float32
+        return tl.dot(hn.to(tl.float32), tl.trans(w.to(tl.float32)), acc)
+    return tl.dot(hn, tl.trans(w), acc)
+
+
+@triton.jit
+def _norm_rows_kernel(
+    x_ptr, res_ptr, h_ptr, g_ptr, w_ptr, b_ptr, y_ptr,
+    M, N, K, HALF, stride_xm, stride_rm, stride_ym, stride_wn, eps,
+    HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr, UPCAST: tl.constexpr,
+    SINGLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):  # fmt: skip
+    # grid: (cdiv(N, BLOCK_N),); h is written contiguous ([M, K]) by program 0
+    pdl_trigger(PDL)
+    pid = tl.program_id(0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    m_mask = offs_m < M
+    n_mask = offs_n < N
+    x_rows = x_ptr + offs_m[:, None] * stride_xm
+    r_rows = res_ptr + offs_m[:, None] * stride_rm
+    rows_a = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
+    rows_b = w_ptr + (offs_n + HALF).to(tl.int64)[:, None] * stride_wn  # up rows (GLU only)
+    dtype = w_ptr.dtype.element_ty
+    acc_a = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_b = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if SINGLE:  # K fits one chunk: the weight tile is read before the PDL wait, the rows once after
+        k_mask = offs_k < K
+        wm = n_mask[:, None] & k_mask[None, :]
+        w_a = tl.load(rows_a + offs_k[None, :], mask=wm, other=0.0)  # no kernel of the step writes weights
+        w_b = w_a
+        if GLU:
+            w_b = tl.load(rows_b + offs_k[None, :], mask=wm, other=0.0)
+        pdl_wait(PDL)
+        hf = _rows_h(x_rows, r_rows, h_ptr, offs_k, m_mask[:, None] & k_mask[None, :], K, offs_m, pid,
+                     HAS_RES, dtype).to(tl.float32)  # fmt: skip
+        r = tl.rsqrt(tl.sum(hf * hf, axis=1) / K + eps)
+        g = tl.load(g_ptr + offs_k, mask=k_mask, other=0.0).to(tl.float32)
+        hn = (hf * r[:, None] * g[None, :]).to(dtype)  # rounded as the norm kernel rounds it
+        acc_a = _rows_dot(acc_a, hn, w_a, UPCAST)
+        if GLU:
+            acc_b = _rows_dot(acc_b, hn, w_b, UPCAST)
+    else:
+        pdl_wait(PDL)
+        # pass 1: each row's sum of squares of h
+        sq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            hf = _rows_h(x_rows, r_rows, h_ptr, kk, m_mask[:, None] & (kk < K)[None, :], K, offs_m, pid,
+                         HAS_RES, dtype).to(tl.float32)  # fmt: skip
+            sq += tl.sum(hf * hf, axis=1)
+        r = tl.rsqrt(sq / K + eps)
+        # pass 2: the normalized rows (h again, from L2), rounded as the norm kernel rounds them
+        for k0 in range(0, K, BLOCK_K):
+            kk = k0 + offs_k
+            k_mask = kk < K
+            hm = m_mask[:, None] & k_mask[None, :]
+            h = tl.load(x_rows + kk[None, :], mask=hm, other=0.0)
+            if HAS_RES:
+                h = (h.to(tl.float32) + tl.load(r_rows + kk[None, :], mask=hm, other=0.0).to(tl.float32)).to(
+                    dtype
+                )
+            g = tl.load(g_ptr + kk, mask=k_mask, other=0.0).to(tl.float32)
+            hn = (h.to(tl.float32) * r[:, None] * g[None, :]).to(dtype)
+            wm = n_mask[:, None] & k_mask[None, :]
+            acc_a = _rows_dot(acc_a, hn, tl.load(rows_a + kk[None, :], mask=wm, other=0.0), UPCAST)
+            if GLU:
+                acc_b = _rows_dot(acc_b, hn, tl.load(rows_b + kk[None, :], mask=wm, other=0.0), UPCAST)
+    y = acc_a
+    if HAS_BIAS:
+        y += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
+    if GLU:
+        y = y * tl.sigmoid(y) * acc_b
+    out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+    tl.store(out, y.to(y_ptr.dtype.element_ty), mask=m_mask[:, None] & n_mask[None, :])
+
+
+def row_config(n_rows: int, k: int, *, glu: bool, rows: int = 1) -> SkinnyConfig:
+    """Block sizes for an ``[n_rows, K]`` stacked weight and ``rows`` rows of input.
+
+    One row, from a sweep on an H200 (``benchmarks/gpu/row_fused_bench.py --sweep``; the shapes
+    of SmolLM2-135M, Qwen3-0.6B and Llama-3-8B): four warps everywhere; gate/up: two columns per
+    program (four weight rows with their up rows), K in chunks of 1,024; qkv: the plain kernel's
+    columns, K in chunks of 512 from K = 1,024 (one chunk below that). Several rows: the skinny
+    kernel's dot-path columns for the output width; K up to 1,024 in one chunk (the weight tile is
+    then read before the PDL wait; eight warps), longer K in chunks of 128 (two passes over the
+    rows)."""
+    if rows > 1:
+        n = n_rows // 2 if glu else n_rows
+        if k <= 1024:  # one chunk: K rounded up to a power of two
+            return SkinnyConfig(16 if n <= 1024 else 32, triton.next_power_of_2(k), 8, 3)
+        return SkinnyConfig(16 if n <= 1024 else 32, 128, 4, 3)
     if glu:
         return SkinnyConfig(2, 1024, 4, 3)
     return SkinnyConfig(pick_config(n_rows, k, 1).block_n, 512 if k >= 1024 else 1024, 4, 3)
 
 
-def norm_linear_row(
+# 2-16 rows fold where the measurement says so (``benchmarks/gpu/row_fused_bench.py --rows``, H200,
+# PDL on): weights of at most this many elements whose rows fit one chunk of K (SmolLM2-135M,
+# Qwen3-0.6B, the EAGLE heads of both). For Llama-3-8B's shapes the library GEMM after a separate
+# norm is 2-3x faster than this kernel at 2-16 rows.
+ROWS_FUSION_MAX_ELEMENTS = 1 << 24
+ROWS_FUSION_MAX_K = 1024
+
+
+def rows_fusion_wins(n_rows: int, k: int, rows: int) -> bool:
+    """Whether the fused kernel should replace the separate norm and projection for ``rows`` rows
+    of an ``[n_rows, K]`` weight: always for one row; for 2-16 rows on small weights with
+    ``K <= 1,024``, where the separate kernels cost their launches rather than their bytes."""
+    if rows == 1:
+        return True
+    return 1 < rows <= MAX_ROWS and k <= ROWS_FUSION_MAX_K and n_rows * k <= ROWS_FUSION_MAX_ELEMENTS
+
+
+def norm_linear_rows(
     x: torch.Tensor,
     residual: torch.Tensor | None,
     norm_weight: torch.Tensor,
@@ -125,38 +264,47 @@ def norm_linear_row(
     glu: bool = False,
     config: SkinnyConfig | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``F.linear(rms_norm(x + residual), weight, bias)`` for one row ``x`` ``[1, K]``, and the sum
-    ``x + residual`` (``x`` itself when ``residual`` is None). With ``glu``, ``weight`` stacks gate
-    and up (``[2I, K]``) and the first result is ``silu(gate) * up`` ``[1, I]`` (no bias).
+    """``F.linear(rms_norm(x + residual), weight, bias)`` for ``x`` of 1 to :data:`MAX_ROWS` rows
+    ``[M, K]``, and the sum ``x + residual`` (``x`` itself when ``residual`` is None). With
+    ``glu``, ``weight`` stacks gate and up (``[2I, K]``) and the first result is
+    ``silu(gate) * up`` ``[M, I]`` (no bias).
 
     Raises
     ------
     ValueError
-        Not exactly one row, mismatched widths or dtypes, a non-contiguous weight row, or ``glu``
-        with a bias or an odd number of weight rows.
+        No rows or more than :data:`MAX_ROWS`, mismatched widths or dtypes, a non-contiguous
+        weight row, or ``glu`` with a bias or an odd number of weight rows.
     """
     n_rows, k = weight.shape
-    if x.dim() != 2 or x.shape[0] != 1 or x.shape[1] != k:
-        raise ValueError(f"x must be [1, {k}], got {tuple(x.shape)}")
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.shape[1] != k:
+        raise ValueError(f"x must be [1..{MAX_ROWS}, {k}], got {tuple(x.shape)}")
     if residual is not None and residual.shape != x.shape:
         raise ValueError(f"residual {tuple(residual.shape)} does not match x {tuple(x.shape)}")
     if weight.dtype != x.dtype or weight.stride(-1) != 1 or norm_weight.shape != (k,):
         raise ValueError("weight must share x's dtype and have a contiguous last axis; norm weight [K]")
     if glu and (bias is not None or n_rows % 2):
         raise ValueError("glu takes a stacked [2I, K] weight and no bias")
+    m = x.shape[0]
     n = n_rows // 2 if glu else n_rows
     x = x.contiguous()
+    res = residual.contiguous() if residual is not None else x
     h = torch.empty_like(x) if residual is not None else x
-    y = torch.empty((1, n), dtype=x.dtype, device=x.device)
-    cfg = config or row_config(n_rows, k, glu=glu)
-    block_n = cfg.block_n
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    cfg = config or row_config(n_rows, k, glu=glu, rows=m)
     pdl = pdl_enabled(x.device)
-    _norm_row_kernel[(triton.cdiv(n, block_n),)](
-        x, residual.contiguous() if residual is not None else x, h, norm_weight, weight,
-        bias if bias is not None else weight, y,
-        n, k, n, weight.stride(0), float(eps),
-        HAS_RES=residual is not None, HAS_BIAS=bias is not None, GLU=glu,
-        BLOCK_N=block_n, BLOCK_K=cfg.block_k, PDL=pdl,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
-    )  # fmt: skip
+    grid = (triton.cdiv(n, cfg.block_n),)
+    common = dict(HAS_RES=residual is not None, HAS_BIAS=bias is not None, GLU=glu,
+                  BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl, num_warps=cfg.num_warps,
+                  num_stages=cfg.num_stages, **launch_kwargs(pdl))  # fmt: skip
+    b = bias if bias is not None else weight
+    if m == 1:
+        _norm_row_kernel[grid](
+            x, res, h, norm_weight, weight, b, y, n, k, n, weight.stride(0), float(eps), **common
+        )
+    else:
+        _norm_rows_kernel[grid](
+            x, res, h, norm_weight, weight, b, y,
+            m, n, k, n, x.stride(0), res.stride(0), y.stride(0), weight.stride(0), float(eps),
+            UPCAST=_INTERPRETED, SINGLE=cfg.block_k >= k, BLOCK_M=MAX_ROWS, **common,
+        )  # fmt: skip
     return y, h

@@ -85,8 +85,9 @@ class LlamaDecoderLayer(nn.Module):
             h = h + mlp(norm(h))
 
         The last add is left to the next norm (which fuses it on CUDA): returns the MLP output
-        and the residual, whose sum is the block's output. One row on CUDA (batch-1 decode): each
-        norm runs inside the projection after it, SiLU x mul inside gate/up (``row_fused``).
+        and the residual, whose sum is the block's output. A few rows on CUDA (small-batch decode,
+        verify; ``fusion.use_row_fusion``): each norm runs inside the projection after it, SiLU x
+        mul inside gate/up (``row_fused``).
         """
         if use_row_fusion(x, self.self_attn.qkv_proj):
             return self._forward_row(rope, x, residual, attn)
@@ -103,16 +104,16 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """:meth:`forward` in four launches plus attention: norm + qkv, attention, o, norm +
         gate/up + SiLU x mul, down."""
-        from phloem.runtime.layers.row_fused import norm_linear_row
+        from phloem.runtime.layers.row_fused import norm_linear_rows
 
         qkv_proj, gate_up = self.self_attn.qkv_proj, self.mlp.gate_up_proj
         n1, n2 = self.input_layernorm, self.post_attention_layernorm
-        qkv, residual = norm_linear_row(x, residual, n1.weight, n1.eps, qkv_proj.weight, qkv_proj.bias)
+        qkv, residual = norm_linear_rows(x, residual, n1.weight, n1.eps, qkv_proj.weight, qkv_proj.bias)
         x = self.self_attn.attend(rope, qkv, attn)
         if not use_row_fusion(x, gate_up):
             x, residual = n2(x, residual)
             return self.mlp(x), residual
-        act, residual = norm_linear_row(x, residual, n2.weight, n2.eps, gate_up.weight, glu=True)
+        act, residual = norm_linear_rows(x, residual, n2.weight, n2.eps, gate_up.weight, glu=True)
         return self.mlp.down_proj(act), residual
 
 

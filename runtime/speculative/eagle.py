@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from phloem.runtime.attention.base import varying_shape_sdpa
 from phloem.runtime.host_copy import pack_to_device, to_device
 from phloem.runtime.layers.cpu_matmul import use_weight_major, weight_major_linear
-from phloem.runtime.layers.fusion import use_fused
+from phloem.runtime.layers.fusion import use_fused, use_row_fusion
 from phloem.runtime.layers.linear import Linear
 from phloem.runtime.layers.rotary import rope_inv_freq
 from phloem.runtime.speculative.tree import DraftTree
@@ -109,6 +109,12 @@ def _fused(x: torch.Tensor) -> bool:
     """The runtime's fused kernels (one launch for a norm, a rotation, a SwiGLU) at inference on
     CUDA; training keeps the autograd-friendly torch ops (the kernels have no backward)."""
     return use_fused(x) and not torch.is_grad_enabled()
+
+
+def _folds(x: torch.Tensor, linear: nn.Module) -> bool:
+    """Whether the norm before ``linear`` runs inside it (``fusion.use_row_fusion`` on the rows of
+    ``x``), at inference only."""
+    return _fused(x) and use_row_fusion(x.reshape(-1, x.shape[-1]), linear)
 
 
 def _rope_pair(
@@ -180,7 +186,15 @@ class EagleHead(nn.Module):
         ``[..., heads, D]``."""
         c = self.cfg
         x = self.fc(torch.cat([emb, feat.to(emb.dtype)], dim=-1))
-        q, k, v = self.qkv_proj(_rms_norm(x, self.input_norm, c.rms_norm_eps)).split(self.split, dim=-1)
+        if _folds(x, self.qkv_proj):  # the norm inside the few-row projection (row_fused)
+            from phloem.runtime.layers.row_fused import norm_linear_rows
+
+            qkv, _ = norm_linear_rows(x.reshape(-1, x.shape[-1]), None, self.input_norm, c.rms_norm_eps,
+                                      self.qkv_proj.weight, self.qkv_proj.bias)  # fmt: skip
+            qkv = qkv.view(*x.shape[:-1], qkv.shape[-1])
+        else:
+            qkv = self.qkv_proj(_rms_norm(x, self.input_norm, c.rms_norm_eps))
+        q, k, v = qkv.split(self.split, dim=-1)
         q = q.unflatten(-1, (c.num_heads, c.head_dim))
         k = k.unflatten(-1, (c.num_kv_heads, c.head_dim))
         v = v.unflatten(-1, (c.num_kv_heads, c.head_dim))
@@ -190,7 +204,15 @@ class EagleHead(nn.Module):
 
     def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Residual ``x`` and attention output ``[..., Hq, D]`` -> predicted feature ``[..., H]``."""
-        x = x + self.o_proj(attn_out.flatten(-2))
+        o = self.o_proj(attn_out.flatten(-2))
+        if _folds(o, self.gate_up_proj):  # add, norm, gate/up and SiLU x mul in one launch
+            from phloem.runtime.layers.row_fused import norm_linear_rows
+
+            lead, w = o.shape[:-1], o.shape[-1]
+            act, h = norm_linear_rows(o.reshape(-1, w), x.reshape(-1, w), self.post_norm, self.cfg.rms_norm_eps,
+                                      self.gate_up_proj.weight, glu=True)  # fmt: skip
+            return h.view(*lead, w) + self.down_proj(act).view(*lead, w)
+        x = x + o
         gate_up = self.gate_up_proj(_rms_norm(x, self.post_norm, self.cfg.rms_norm_eps))
         if _fused(gate_up):
             from phloem.runtime.layers import fused_triton

@@ -1,9 +1,9 @@
-"""The one-row norm + projection kernel (``runtime/layers/row_fused.py``) and the decoder layer
-that routes batch-1 decode through it.
+"""The few-row norm + projection kernels (``runtime/layers/row_fused.py``) and the decoder layer
+that routes small-batch decode and verify passes through them.
 
 - CUDA: the SmolLM2-135M and Llama-3-8B projection shapes in every variant (first layer, residual,
-  bias, gate/up with SiLU x mul), both 16-bit dtypes; a tiny model's one-row decode with the
-  folding on vs off.
+  bias, gate/up with SiLU x mul), 1-16 rows, both 16-bit dtypes; a tiny model's decode of one
+  and of several rows with the folding on vs off.
 - CPU: the small cases under Triton's interpreter (a child process, ``row_fused_cases.py``) and the
   routing rule.
 """
@@ -19,7 +19,16 @@ from phloem.runtime.layers.fusion import set_row_fusion, set_skinny_gemm, skinny
 
 from .fused_cases import REL_TOL, rel_err
 from .interpreter import run_interpreted
-from .row_fused_cases import DTYPES, SHAPES, SMALL_SHAPES, VARIANTS, check_norm_linear, check_rejects
+from .row_fused_cases import (
+    DTYPES,
+    ROWS,
+    SHAPES,
+    SMALL_ROWS,
+    SMALL_SHAPES,
+    VARIANTS,
+    check_norm_linear,
+    check_rejects,
+)
 from .test_fused_triton import layered_forward, make_runner
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -38,11 +47,12 @@ def restore_switches():
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("variant", VARIANTS, ids=["first", "residual", "bias", "glu"])
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
+@pytest.mark.parametrize("rows", ROWS)
 def test_norm_linear_matches_ref(
-    shape: tuple[int, int], variant: tuple[bool, bool, bool], dtype: str
+    shape: tuple[int, int], variant: tuple[bool, bool, bool], dtype: str, rows: int
 ) -> None:
     for seed in (0, 1):
-        check_norm_linear(shape, DTYPES[dtype], "cuda", seed, variant)
+        check_norm_linear(shape, DTYPES[dtype], "cuda", seed, variant, rows)
 
 
 @pytest.mark.gpu
@@ -57,7 +67,7 @@ def test_norm_linear_under_interpreter() -> None:
     proc = run_interpreted("tests.kernels.row_fused_cases")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
-    assert passed == len(SMALL_SHAPES) * len(VARIANTS) * len(DTYPES) + 1, proc.stdout
+    assert passed == len(SMALL_SHAPES) * len(VARIANTS) * len(SMALL_ROWS) * len(DTYPES) + 1, proc.stdout
 
 
 def test_routing_rule(restore_switches) -> None:
@@ -70,7 +80,8 @@ def test_routing_rule(restore_switches) -> None:
         layer = layer.cuda()
         one = torch.zeros(1, 32, dtype=torch.bfloat16, device="cuda")
         assert use_row_fusion(one, layer)
-        assert not use_row_fusion(torch.zeros(2, 32, dtype=torch.bfloat16, device="cuda"), layer)
+        assert use_row_fusion(torch.zeros(5, 32, dtype=torch.bfloat16, device="cuda"), layer)
+        assert not use_row_fusion(torch.zeros(17, 32, dtype=torch.bfloat16, device="cuda"), layer)
         layer.row_tile = 16  # deterministic mode keeps its own matmul
         assert not use_row_fusion(one, layer)
         layer.row_tile = 0
@@ -78,22 +89,42 @@ def test_routing_rule(restore_switches) -> None:
         assert not use_row_fusion(one, layer)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_rows_fusion_rule() -> None:
+    from phloem.runtime.layers.row_fused import (
+        MAX_ROWS,
+        ROWS_FUSION_MAX_ELEMENTS,
+        ROWS_FUSION_MAX_K,
+        rows_fusion_wins,
+    )
+
+    assert rows_fusion_wins(128256, 4096, 1), "one row always folds"
+    assert rows_fusion_wins(960, 576, 2) and rows_fusion_wins(960, 576, MAX_ROWS)
+    assert not rows_fusion_wins(960, 576, MAX_ROWS + 1)
+    assert not rows_fusion_wins(6144, 4096, 4), "a large weight keeps the library GEMM at 2-16 rows"
+    assert rows_fusion_wins(4096, 1024, 8), "Qwen3-0.6B's qkv"
+    assert rows_fusion_wins(ROWS_FUSION_MAX_ELEMENTS // 64, 64, 8)
+    assert not rows_fusion_wins(ROWS_FUSION_MAX_ELEMENTS // 64 + 1, 64, 8)
+    assert not rows_fusion_wins(256, ROWS_FUSION_MAX_K + 1, 8), "rows longer than one chunk"
+
+
 @pytest.mark.gpu
 @requires_cuda
+@pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3"])
-def test_one_row_decode_with_folding_matches_without(shape: str, restore_switches) -> None:
-    """A prompt, then one decode step of its single row: hidden states and logits agree with the
+def test_decode_with_folding_matches_without(shape: str, batch: int, restore_switches) -> None:
+    """Prompts, then one decode step of ``batch`` rows: hidden states and logits agree with the
     separate norm, matmul and SiLU kernels (the skinny kernel on in both)."""
     runner = make_runner(shape, "bfloat16", "cuda")
     batcher = DirectBatcher(runner)
-    seq = batcher.new_sequence()
+    seqs = [batcher.new_sequence() for _ in range(batch)]
     gen = torch.Generator().manual_seed(3)
-    prompt = torch.randint(0, runner.vocab_size, (7,), generator=gen).tolist()
+    prompts = [torch.randint(0, runner.vocab_size, (7 + i,), generator=gen).tolist() for i in range(batch)]
     set_skinny_gemm(True)
     with torch.inference_mode():
-        runner.forward(batcher.build({seq: prompt}))
-        fi = batcher.build({seq: [prompt[-1]]}, decode=True).to("cuda")
-        assert fi.num_tokens == 1
+        runner.forward(batcher.build(dict(zip(seqs, prompts, strict=True))))
+        fi = batcher.build({s: [p[-1]] for s, p in zip(seqs, prompts, strict=True)}, decode=True).to("cuda")
+        assert fi.num_tokens == batch
         set_row_fusion(False)
         h_off = layered_forward(runner, fi).clone()
         set_row_fusion(True)

@@ -158,6 +158,35 @@ def test_fused_head_kernels_match_the_torch_ops(runner):
     torch.testing.assert_close(fused, plain, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_head_norms_folded_into_its_projections_match_the_separate_kernels(runner):
+    """In bfloat16 on CUDA the head's norms run inside its qkv and gate/up projections
+    (``row_fused``, 12 rows here); with folding off they are separate kernels. Same features."""
+    from phloem.runtime.layers.fusion import set_row_fusion
+
+    head = random_worker(runner, seed=9).head.cuda().to(torch.bfloat16)
+    gen = torch.Generator().manual_seed(1)
+    h = head.cfg.hidden_size
+    emb, feat = (torch.randn(4, 3, h, generator=gen).cuda().to(torch.bfloat16) for _ in range(2))
+    positions = torch.arange(4, device="cuda")[:, None] + 5
+
+    def run() -> torch.Tensor:
+        x, q, k, v = head.project(emb, feat, positions)
+        return head.finish(x, q).float()
+
+    try:
+        with torch.inference_mode():
+            set_row_fusion(False)
+            plain = run()
+            set_row_fusion(True)
+            folded = run()
+    finally:
+        set_row_fusion(True)
+    err = float((folded - plain).norm() / plain.norm())
+    assert err <= 2e-2, f"rel err {err:.2e}"
+
+
 def test_trees_drafted_ahead_are_the_trees_drafted_on_demand(runner):
     """``draft_ahead`` then ``draft_many`` of any subset with the same roots gives the trees a
     fresh draft gives; a catch-up, a release or another root in between makes it draft afresh."""
