@@ -83,23 +83,23 @@ def skinny_gemm_enabled() -> bool:
     return _skinny and fused_kernels_enabled()
 
 
-def _skinny_eligible(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """CUDA, 16-bit, at most :data:`SKINNY_MAX_ROWS` rows, a weight with a contiguous last axis,
-    the switch on: what every few-row Triton projection needs."""
+def _triton_projection(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """CUDA, 16-bit, a weight with a contiguous last axis, the switch on: what every few-row
+    Triton projection needs."""
     return bool(
         x.is_cuda
         and x.dtype in _SKINNY_DTYPES
         and weight.dtype == x.dtype
-        and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]
         and weight.stride(-1) == 1
         and skinny_gemm_enabled()
     )
 
 
 def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``x @ weight.T`` should run the skinny kernel: :func:`_skinny_eligible` and a shape
-    where the kernel is the faster one (``skinny_gemm.skinny_wins``)."""
-    if not _skinny_eligible(x, weight):
+    """Whether ``x @ weight.T`` should run the skinny kernel: :func:`_triton_projection`, at most
+    :data:`SKINNY_MAX_ROWS` rows, a shape where the kernel is the faster one
+    (``skinny_gemm.skinny_wins``)."""
+    if x.numel() > SKINNY_MAX_ROWS * x.shape[-1] or not _triton_projection(x, weight):
         return False
     from phloem.runtime.layers.skinny_gemm import skinny_wins
 
@@ -121,8 +121,8 @@ def set_row_fusion(enabled: bool) -> None:
 
 def use_row_fusion(x: torch.Tensor, linear: torch.nn.Module) -> bool:
     """Whether the norm before ``linear`` (a :class:`~phloem.runtime.layers.linear.Linear`) folds
-    into it for input ``x`` ``[M, K]``: 1-16 rows, a float weight that the few-row kernels take,
-    a shape where folding wins (``row_fused.rows_fusion_wins``), the switch on."""
+    into it for input ``x`` ``[M, K]``: a float weight that the Triton projections take, a shape
+    and row count where folding wins (``row_fused.rows_fusion_wins``), the switch on."""
     if _row_fusion is None:
         set_row_fusion(os.environ.get(ENV_DISABLE_ROW_FUSION) != "1")
     weight = getattr(linear, "weight", None)
@@ -132,7 +132,7 @@ def use_row_fusion(x: torch.Tensor, linear: torch.nn.Module) -> bool:
         and weight is not None
         and getattr(linear, "quant", None) is None
         and not getattr(linear, "row_tile", 0)
-        and _skinny_eligible(x, weight)
+        and _triton_projection(x, weight)
     ):
         return False
     from phloem.runtime.layers.row_fused import rows_fusion_wins

@@ -21,7 +21,9 @@ place: the normalized row and the gate/up values are not rounded to 16 bits befo
 oracle is the unfused torch path: ``add_rms_norm_ref``, ``F.linear``, ``silu_and_mul_ref``).
 
 Two to :data:`MAX_ROWS` rows (small-batch decode, a speculative verify pass, the draft head) take
-a second kernel built on ``tl.dot``, whose operands must be 16-bit: each program first sums
+a second kernel built on ``tl.dot``, whose operands must be 16-bit. A program takes 16 rows and
+``BLOCK_N`` columns (more rows: more programs, each reading its weight tile, from L2 after the
+first); it first sums
 ``h^2`` over the whole of its rows (``h`` is small and stays in L2), then normalizes each chunk
 exactly as the separate norm kernel does (``h * r * g`` rounded to the activation dtype) and
 multiplies it by its ``BLOCK_N`` weight rows. So the projection sees the separate norm's values;
@@ -37,12 +39,13 @@ import torch
 import triton
 import triton.language as tl
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
-from phloem.runtime.layers.skinny_gemm import MAX_ROWS, SkinnyConfig, pick_config
+from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
 
 __all__ = [
     "MAX_ROWS",
     "ROWS_FUSION_MAX_ELEMENTS",
     "ROWS_FUSION_MAX_K",
+    "ROWS_FUSION_MAX_ROWS",
     "norm_linear_rows",
     "row_config",
     "rows_fusion_wins",
@@ -51,6 +54,8 @@ __all__ = [
 # Triton's CPU interpreter multiplies bfloat16 dot operands wrongly (as in skinny_gemm): there the
 # few-row kernel feeds the dot float32 copies of its 16-bit tiles.
 _INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+MAX_ROWS = 256  # rows one call takes; a program takes 16 of them (the smallest tl.dot tile)
+_ROWS_PER_PROGRAM = 16
 
 
 @triton.jit
@@ -150,10 +155,11 @@ def _norm_rows_kernel(
     SINGLE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):  # fmt: skip
-    # grid: (cdiv(N, BLOCK_N),); h is written contiguous ([M, K]) by program 0
+    # grid: (cdiv(N, BLOCK_N), cdiv(M, BLOCK_M)); h is written contiguous ([M, K]) by the
+    # programs of the first column block
     pdl_trigger(PDL)
     pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
+    offs_m = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     m_mask = offs_m < M
@@ -236,21 +242,27 @@ def row_config(n_rows: int, k: int, *, glu: bool, rows: int = 1) -> SkinnyConfig
     return SkinnyConfig(pick_config(n_rows, k, 1).block_n, 512 if k >= 1024 else 1024, 4, 3)
 
 
-# 2-16 rows fold where the measurement says so (``benchmarks/gpu/row_fused_bench.py --rows``, H200,
-# PDL on): weights of at most this many elements whose rows fit one chunk of K (SmolLM2-135M,
-# Qwen3-0.6B, the EAGLE heads of both). For Llama-3-8B's shapes the library GEMM after a separate
-# norm is 2-3x faster than this kernel at 2-16 rows.
+# 2-16 rows fold where the measurement says so (H200, PDL on; ``docs/benchmarks.md``, tenth round):
+# weights of at most this many elements whose rows fit one chunk of K of at most 768 (SmolLM2-135M
+# and its EAGLE head: batch 4 / 8 / 16 decode 1.30x / 1.25x / 1.16x). For Qwen3-0.6B (K = 1,024)
+# the kernel wins alone (``row_fused_bench.py --rows``) but its decode at batch 4 and 8 was 13% and
+# 9% slower with it, so it is left out. For Llama-3-8B's shapes the library GEMM after a separate
+# norm is 2-3x faster than this kernel, and past 16 rows the separate kernels win for every shape
+# measured. The environment may change the row and K limits (A/B measurement).
 ROWS_FUSION_MAX_ELEMENTS = 1 << 24
-ROWS_FUSION_MAX_K = 1024
+ROWS_FUSION_MAX_K = int(os.environ.get("PHLOEM_ROW_FUSION_MAX_K", "768"))
+ROWS_FUSION_MAX_ROWS = max(1, min(MAX_ROWS, int(os.environ.get("PHLOEM_ROW_FUSION_MAX_ROWS", "16"))))
 
 
 def rows_fusion_wins(n_rows: int, k: int, rows: int) -> bool:
     """Whether the fused kernel should replace the separate norm and projection for ``rows`` rows
     of an ``[n_rows, K]`` weight: always for one row; for 2-16 rows on small weights with
-    ``K <= 1,024``, where the separate kernels cost their launches rather than their bytes."""
+    ``K <= 768``, where the separate kernels cost their launches rather than their bytes."""
     if rows == 1:
         return True
-    return 1 < rows <= MAX_ROWS and k <= ROWS_FUSION_MAX_K and n_rows * k <= ROWS_FUSION_MAX_ELEMENTS
+    return (
+        1 < rows <= ROWS_FUSION_MAX_ROWS and k <= ROWS_FUSION_MAX_K and n_rows * k <= ROWS_FUSION_MAX_ELEMENTS
+    )
 
 
 def norm_linear_rows(
@@ -292,7 +304,7 @@ def norm_linear_rows(
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     cfg = config or row_config(n_rows, k, glu=glu, rows=m)
     pdl = pdl_enabled(x.device)
-    grid = (triton.cdiv(n, cfg.block_n),)
+    grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, _ROWS_PER_PROGRAM))
     common = dict(HAS_RES=residual is not None, HAS_BIAS=bias is not None, GLU=glu,
                   BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl, num_warps=cfg.num_warps,
                   num_stages=cfg.num_stages, **launch_kwargs(pdl))  # fmt: skip
@@ -305,6 +317,6 @@ def norm_linear_rows(
         _norm_rows_kernel[grid](
             x, res, h, norm_weight, weight, b, y,
             m, n, k, n, x.stride(0), res.stride(0), y.stride(0), weight.stride(0), float(eps),
-            UPCAST=_INTERPRETED, SINGLE=cfg.block_k >= k, BLOCK_M=MAX_ROWS, **common,
+            UPCAST=_INTERPRETED, SINGLE=cfg.block_k >= k, BLOCK_M=_ROWS_PER_PROGRAM, **common,
         )  # fmt: skip
     return y, h

@@ -26,8 +26,8 @@ SHAPES = [(960, 576), (3072, 576), (6144, 4096), (28672, 4096), (1002, 700)]
 SMALL_SHAPES = [(40, 70), (96, 128), (18, 300)]  # small enough for the interpreter
 # (residual, bias, glu): the first layer's qkv, later layers' qkv, Qwen2's biased qkv, gate/up
 VARIANTS = [(False, False, False), (True, False, False), (True, True, False), (True, False, True)]
-ROWS = [1, 2, 5, 16]  # one row, the dot path's smallest, a verify pass of five, a full tile
-SMALL_ROWS = [1, 3]
+ROWS = [1, 2, 5, 16, 37, 64]  # one row, the dot path's smallest, a verify of five, full and ragged tiles
+SMALL_ROWS = [1, 3, 20]
 
 
 def reference(
