@@ -242,6 +242,14 @@ def row_config(n_rows: int, k: int, *, glu: bool, rows: int = 1) -> SkinnyConfig
     return SkinnyConfig(pick_config(n_rows, k, 1).block_n, 512 if k >= 1024 else 1024, 4, 3)
 
 
+def _env_int(name: str, default: int) -> int:
+    text = os.environ.get(name, str(default))
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer, got {text!r}") from None
+
+
 # 2-16 rows fold where the measurement says so (H200, PDL on; ``docs/benchmarks.md``, tenth round):
 # weights of at most this many elements whose rows fit one chunk of K of at most 768 (SmolLM2-135M
 # and its EAGLE head: batch 4 / 8 / 16 decode 1.30x / 1.25x / 1.16x). For Qwen3-0.6B (K = 1,024)
@@ -250,8 +258,8 @@ def row_config(n_rows: int, k: int, *, glu: bool, rows: int = 1) -> SkinnyConfig
 # norm is 2-3x faster than this kernel, and past 16 rows the separate kernels win for every shape
 # measured. The environment may change the row and K limits (A/B measurement).
 ROWS_FUSION_MAX_ELEMENTS = 1 << 24
-ROWS_FUSION_MAX_K = int(os.environ.get("PHLOEM_ROW_FUSION_MAX_K", "768"))
-ROWS_FUSION_MAX_ROWS = max(1, min(MAX_ROWS, int(os.environ.get("PHLOEM_ROW_FUSION_MAX_ROWS", "16"))))
+ROWS_FUSION_MAX_K = _env_int("PHLOEM_ROW_FUSION_MAX_K", 768)
+ROWS_FUSION_MAX_ROWS = max(1, min(MAX_ROWS, _env_int("PHLOEM_ROW_FUSION_MAX_ROWS", 16)))
 
 
 def rows_fusion_wins(n_rows: int, k: int, rows: int) -> bool:
