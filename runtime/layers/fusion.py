@@ -109,6 +109,7 @@ def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 # ---- few-row layers with the norm folded in (runtime/layers/row_fused.py) ------------------------
 ENV_DISABLE_ROW_FUSION = "PHLOEM_DISABLE_ROW_FUSION"
+ROW_FUSION_MAX_ROWS = 256  # = row_fused.MAX_ROWS (not imported: that module needs Triton)
 _row_fusion: bool | None = None
 
 
@@ -129,6 +130,7 @@ def use_row_fusion(x: torch.Tensor, linear: torch.nn.Module) -> bool:
     if not (
         _row_fusion
         and x.dim() == 2
+        and x.shape[0] <= ROW_FUSION_MAX_ROWS  # a prefill pass stops here
         and weight is not None
         and getattr(linear, "quant", None) is None
         and not getattr(linear, "row_tile", 0)

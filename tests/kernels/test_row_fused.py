@@ -93,13 +93,16 @@ def test_routing_rule(restore_switches) -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_rows_fusion_rule() -> None:
+    from phloem.runtime.layers.fusion import ROW_FUSION_MAX_ROWS
     from phloem.runtime.layers.row_fused import (
+        MAX_ROWS,
         ROWS_FUSION_MAX_ELEMENTS,
         ROWS_FUSION_MAX_K,
         ROWS_FUSION_MAX_ROWS,
         rows_fusion_wins,
     )
 
+    assert ROW_FUSION_MAX_ROWS == MAX_ROWS
     assert rows_fusion_wins(128256, 4096, 1), "one row always folds"
     assert rows_fusion_wins(960, 576, 2) and rows_fusion_wins(960, 576, ROWS_FUSION_MAX_ROWS)
     assert not rows_fusion_wins(960, 576, ROWS_FUSION_MAX_ROWS + 1)
