@@ -205,7 +205,7 @@ class EagleHead(nn.Module):
     def finish(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """Residual ``x`` and attention output ``[..., Hq, D]`` -> predicted feature ``[..., H]``."""
         o = self.o_proj(attn_out.flatten(-2))
-        if _folds(o, self.gate_up_proj):  # add, norm, gate/up and SiLU x mul in one launch
+        if x.shape == o.shape and _folds(o, self.gate_up_proj):  # add, norm, gate/up, SiLU x mul: one launch
             from phloem.runtime.layers.row_fused import norm_linear_rows
 
             lead, w = o.shape[:-1], o.shape[-1]
