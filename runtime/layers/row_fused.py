@@ -23,12 +23,11 @@ oracle is the unfused torch path: ``add_rms_norm_ref``, ``F.linear``, ``silu_and
 Two to :data:`MAX_ROWS` rows (small-batch decode, a speculative verify pass, the draft head) take
 a second kernel built on ``tl.dot``, whose operands must be 16-bit. A program takes 16 rows and
 ``BLOCK_N`` columns (more rows: more programs, each reading its weight tile, from L2 after the
-first); it first sums
-``h^2`` over the whole of its rows (``h`` is small and stays in L2), then normalizes each chunk
-exactly as the separate norm kernel does (``h * r * g`` rounded to the activation dtype) and
-multiplies it by its ``BLOCK_N`` weight rows. So the projection sees the separate norm's values;
-only the gate/up values reach SiLU x mul unrounded. It replaces two or three launches (norm,
-library GEMM, SiLU x mul) by one where :func:`rows_fusion_wins` says so.
+first). It sums ``h^2`` over the whole of its rows (``h`` is small and stays in L2), normalizes
+them exactly as the separate norm kernel does (``h * r * g`` rounded to the activation dtype) and
+multiplies them by its weight rows. So the projection sees the separate norm's values; only the
+gate/up values reach SiLU x mul unrounded. It replaces two or three launches (norm, library GEMM,
+SiLU x mul) by one where :func:`rows_fusion_wins` says so.
 """
 
 from __future__ import annotations
