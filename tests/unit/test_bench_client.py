@@ -240,3 +240,55 @@ def test_parse_prometheus_and_percentile():
     text = '# HELP x\nphloem:a_total{m="1"} 3.0\nphloem:b 2\nother 1\nphloem:h_bucket{le="1"} 4\n'
     assert parse_prometheus(text) == {"a_total": 3.0, "b": 2.0, "h_bucket": 4.0}
     assert percentile([1, 2, 3, 4], 50) == 2.5 and percentile([5], 99) == 5
+
+
+class _LoggingTokenizer:
+    """Counts words; logs every encode so the test can see when the client tokenized."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    def encode(self, text: str) -> list[int]:
+        self.log.append(("encode", text))
+        return list(range(len(text.split())))
+
+    def apply_chat_template(self, messages: list[dict[str, str]], **kw: Any) -> str:
+        return " | ".join(m["content"] for m in messages)
+
+
+class _LoggingBackend:
+    """Answers every request with ``reply <sid>`` at once; logs each send."""
+
+    def __init__(self, log: list[tuple[str, str]]) -> None:
+        self.log = log
+
+    async def send(self, req: Any) -> Any:
+        from phloem.bench.client import Result
+
+        self.log.append(("send", req.text))
+        await asyncio.sleep(0)
+        r = Result(req.sid, req.turn, req.prompt_len, req.output_len)
+        r.success, r.text, r.server_output_tokens = True, f"reply {req.sid}", 2
+        return r
+
+
+def test_client_tokenizer_work_stays_outside_the_timed_window():
+    """Every first turn is rendered and counted before the first send (the client's tokenizer
+    would otherwise delay the first request by the time it takes to tokenize every prompt);
+    outputs are retokenized only after the last reply; later turns still follow their replies."""
+    log: list[tuple[str, str]] = []
+    tok, backend = _LoggingTokenizer(log), _LoggingBackend(log)
+    sessions = [raw(i, f"prompt number {i}") for i in range(5)]
+    sessions.append(Session(9, (Turn("first question", 2), Turn("second question", 2)), chat=True))
+    results, _ = asyncio.run(run_sessions(backend, sessions, tok, RunOptions(progress=False)))  # type: ignore[arg-type]
+    kinds = [k for k, _ in log]
+    first_send = kinds.index("send")
+    last_send = len(kinds) - 1 - kinds[::-1].index("send")
+    assert [t for k, t in log[:first_send]] == [*(f"prompt number {i}" for i in range(5)), "first question"]
+    second = next(i for i, (k, t) in enumerate(log) if k == "encode" and t.endswith("second question"))
+    assert log.index(("send", "first question")) < second < last_send  # rendered with the reply
+    assert "reply 9 | second question" in log[second][1]
+    after = log[last_send + 1 :]
+    assert all(k == "encode" for k, _ in after)
+    assert sorted(t for _, t in after) == sorted(r.text for r in results)
+    assert all(r.success and r.client_output_tokens == 2 for r in results) and len(results) == 7
