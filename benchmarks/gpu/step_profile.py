@@ -23,11 +23,13 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gzip
 import io
 import json
 import os
 import pstats
 import random
+import shutil
 import time
 from typing import Any
 
@@ -247,6 +249,11 @@ def main() -> None:
     p.add_argument("--json-schema", action="store_true", help="every request constrained by a JSON schema")
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--no-torch-profile", action="store_true")
+    p.add_argument(
+        "--keep-trace",
+        action="store_true",
+        help="record Python stacks and keep the Chrome trace next to --out (gzip; read it with trace_gaps.py)",
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -313,7 +320,9 @@ def main() -> None:
         if args.window == "decode":
             prefill_all(s, reqs)
         torch.cuda.synchronize()
-        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as tp:
+        with profile(
+            activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], with_stack=args.keep_trace
+        ) as tp:
             if args.window == "decode":
                 result["profiled_timing"] = drive(s, reqs)
             else:
@@ -324,6 +333,9 @@ def main() -> None:
         trace = os.path.splitext(args.out)[0] + ".trace.json"
         tp.export_chrome_trace(trace)
         result["gpu"] = gpu_busy(trace)
+        if args.keep_trace:
+            with open(trace, "rb") as src, gzip.open(trace + ".gz", "wb") as dst:
+                shutil.copyfileobj(src, dst)
         os.remove(trace)  # large; the figures above are what we keep
         result["top_cuda"] = tp.key_averages().table(sort_by="cuda_time_total", row_limit=25)
         result["top_cpu"] = tp.key_averages().table(sort_by="self_cpu_time_total", row_limit=25)
