@@ -250,17 +250,13 @@ def sweep_splits(shape: str, batches: list[int], bandwidth: float) -> list[dict]
     return rows
 
 
-# query block, key block, warps, stages, q heads per program (0: the launcher's default)
-EXTEND_GRID = ((64, 128), (32, 64, 128), (4, 8), (2, 3), (1, 2))
-EXTEND_MAX_ROWS = 128  # tiles of query block x heads past this spill at head dim 128 (sm_90a)
+EXTEND_GRID = ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3))  # query block, key block, warps, stages
 
 
 def sweep_extend(shape: str, rate: float, kv_dtype: torch.dtype = torch.bfloat16, grid=None) -> list[dict]:
-    """Every (query block, key block, warps, stages, heads per program) of the extend kernel on one
-    prefill chunk like the offline workload's: 16 prompts of 100-1,000 tokens (seeded), no cached
-    prefix; tiles over ``EXTEND_MAX_ROWS`` rows are left out. A grid of four settings leaves the
-    heads to the launcher. An fp8 pool runs every setting with float16 dots and with bfloat16
-    dots (``f16_dot``)."""
+    """Every (query block, key block, warps, stages) of the extend kernel on one prefill chunk
+    like the offline workload's: 16 prompts of 100-1,000 tokens (seeded), no cached prefix. An fp8
+    pool runs every setting with float16 dots and with bfloat16 dots (``f16_dot``)."""
     from phloem.runtime.attention.triton_kernels import extend_attention, extend_block_table
     from phloem.runtime.executor.forward_io import ForwardMode
 
@@ -276,12 +272,8 @@ def sweep_extend(shape: str, rate: float, kv_dtype: torch.dtype = torch.bfloat16
     pairs = sum(e * (e + 1) // 2 for e in ext)
     floor_ms = 4 * pairs * hq * d / rate * 1e3
     rows = []
-    grid = grid or EXTEND_GRID
-    grid = (*grid, (0,)) if len(grid) == 4 else grid
-    settings = itertools.product(*grid, (True, False) if kv_dtype.itemsize == 1 else (None,))
-    for block_m, block_n, warps, stages, heads, f16 in settings:
-        if block_m * heads > EXTEND_MAX_ROWS:
-            continue
+    settings = itertools.product(*(grid or EXTEND_GRID), (True, False) if kv_dtype.itemsize == 1 else (None,))
+    for block_m, block_n, warps, stages, f16 in settings:
         block_req, block_idx = extend_block_table(fi.extend_lens, fi.num_tokens, block_m)
         run = functools.partial(
             extend_attention, q, k_buf, v_buf, out,
@@ -289,17 +281,16 @@ def sweep_extend(shape: str, rate: float, kv_dtype: torch.dtype = torch.bfloat16
             prefix_lens=fi.prefix_lens, extend_lens=fi.extend_lens, q_start=tri.q_start,
             block_req=block_req, block_m=block_idx, sm_scale=d**-0.5, k_scale=k_scale,
             v_scale=v_scale, block_size_m=block_m, block_n=block_n, num_warps=warps,
-            num_stages=stages, heads_per_program=heads or None, f16_dot=f16,
+            num_stages=stages, f16_dot=f16,
         )  # fmt: skip
         try:
             ms = do_bench(run, warmup=5, rep=30, return_mode="median")
         except Exception as exc:  # out of resources for this tile
-            print(f"skip {block_m}/{block_n}/{warps}/{stages}/{heads}: {type(exc).__name__}", flush=True)
+            print(f"skip {block_m}/{block_n}/{warps}/{stages}: {type(exc).__name__}", flush=True)
             continue
         rows.append({"kind": "extend-sweep", "shape": shape, "tokens": sum(ext), "block_m": block_m,
                      "kv_dtype": str(kv_dtype).split(".")[-1], "f16_dot": f16,
-                     "block_n": block_n, "warps": warps, "stages": stages, "heads": heads or None,
-                     "ms": round(ms, 4),
+                     "block_n": block_n, "warps": warps, "stages": stages, "ms": round(ms, 4),
                      "floor_ms": round(floor_ms, 4), "ratio": round(ms / floor_ms, 2),
                      "tflops": round(4 * pairs * hq * d / ms / 1e9, 1),
                      "max_diff_vs_default": float((out.float() - ref.float()).abs().max())})  # fmt: skip
@@ -353,7 +344,7 @@ def main() -> int:
                     help="pool dtype of --decode-sweep")  # fmt: skip
     ap.add_argument("--decode-grid", metavar="BLOCK_NS:WARPS:STAGES",
                     help="settings of --decode-sweep, e.g. 64,128:2,4:3 (default: all)")  # fmt: skip
-    ap.add_argument("--extend-grid", metavar="BLOCK_MS:BLOCK_NS:WARPS:STAGES[:HEADS]",
+    ap.add_argument("--extend-grid", metavar="BLOCK_MS:BLOCK_NS:WARPS:STAGES",
                     help="--extend-sweep: these settings only (default: the full grid)")  # fmt: skip
     ap.add_argument("--extend-sweep", metavar="SHAPE",
                     help="only sweep the extend kernel's settings on one prefill chunk of this shape")  # fmt: skip

@@ -10,13 +10,6 @@ Extend, as a plain loop (``s_r = prefix_lens[r]``, ``e_r = extend_lens[r]``)::
         keys = req_to_token[r, 0 : s_r + i + 1]           # cached prefix + new tokens up to i
         out[start_r + i, h] = softmax(q . K[keys, h // group] * scale) @ V[keys, h // group]
 
-A program takes ``BLOCK_M`` consecutive new tokens of one request and ``HEADS`` query heads of one
-KV head (a tile of ``BLOCK_M * HEADS`` rows, so each K/V block is read once for those heads) and
-runs the online softmax over the keys in two phases: the whole key blocks before the tile's first
-query's position, which every row sees (no mask at all), then the blocks up to its last query's
-position under the causal mask. The softmax runs in base 2 (``exp2``, with log2(e) folded into the
-scale).
-
 K and V may be fp8 (``torch.float8_e4m3fn``) with per-tensor scales: ``K = K_fp8 * k_scale``.
 The kernels load the stored values, convert them (exactly) to the dot's dtype and fold the scales
 in where they cost nothing: ``k_scale`` into the softmax scale, ``v_scale`` into the final
@@ -88,47 +81,6 @@ def _attend_block(
 
 
 @triton.jit
-def _extend_step(
-    q, m_i, l_i, acc, k_base, v_base, rtt_row, n0, end, q_pos,
-    stride_kt, stride_vt, offs_d, d_mask, qk_scale,
-    BLOCK_N: tl.constexpr, CAUSAL: tl.constexpr, FP32_DOT: tl.constexpr,
-):  # fmt: skip
-    """One online-softmax step of extend over keys ``n0 .. n0 + BLOCK_N``, in base 2.
-
-    ``qk_scale`` holds log2(e) and K's dequantization scale; ``m_i`` is kept in those scaled units.
-    ``CAUSAL=False``: every key of the block lies in the row and before the tile's first query, so
-    nothing is masked. ``CAUSAL``: keys from ``end`` on are not loaded and the row at ``q_pos``
-    sees key ``n`` iff ``n <= q_pos``; the caller guarantees every row sees a key of its first
-    causal block, so ``m_new`` is finite from there on and ``-inf - m_new`` never meets ``inf``.
-    """
-    offs_n = n0 + tl.arange(0, BLOCK_N)
-    if CAUSAL:
-        in_row = offs_n < end
-        slots = tl.load(rtt_row + offs_n, mask=in_row, other=0)
-        kv_mask = in_row[:, None] & d_mask[None, :]
-    else:
-        slots = tl.load(rtt_row + offs_n)
-        kv_mask = d_mask[None, :]  # head-dim padding only; broadcast over the keys
-    k = tl.load(k_base + slots[:, None] * stride_kt + offs_d[None, :], mask=kv_mask, other=0.0)
-    v = tl.load(v_base + slots[:, None] * stride_vt + offs_d[None, :], mask=kv_mask, other=0.0)
-    if FP32_DOT:
-        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)))
-    if CAUSAL:
-        s = tl.where(offs_n[None, :] <= q_pos[:, None], s, float("-inf"))  # [M, N]
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)  # scaling after the max: one multiply per row
-    p = tl.exp2(s * qk_scale - m_new[:, None])  # one FMA and one exp2 per score
-    alpha = tl.exp2(m_i - m_new)
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if FP32_DOT:
-        acc = acc * alpha[:, None] + tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return m_new, l_i, acc
-
-
-@triton.jit
 def _extend_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr,
     req_to_token_ptr, req_idx_ptr, prefix_lens_ptr, extend_lens_ptr, q_start_ptr,
@@ -136,36 +88,29 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
     sm_scale, k_scale, v_scale,
-    GROUP: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr, F16_DOT: tl.constexpr,
 ):  # fmt: skip
-    # grid: (query blocks over the whole batch, q heads // HEADS); block_req = -1 marks spare blocks.
-    # A program serves BLOCK_M queries of HEADS q heads that share one KV head: a tile of
-    # BLOCK_M * HEADS rows, so each K/V block is loaded once for all of them.
+    # grid: (query blocks over the whole batch, q heads); block_req = -1 marks spare blocks
     blk = tl.program_id(0)
-    head0 = tl.program_id(1) * HEADS
+    head = tl.program_id(1)
     r = tl.load(block_req_ptr + blk)
     if r < 0:
         return
     m_blk = tl.load(block_m_ptr + blk)
-    kv_head = head0 // GROUP
+    kv_head = head // GROUP
     prefix = tl.load(prefix_lens_ptr + r)
     ext = tl.load(extend_lens_ptr + r)
     q_start = tl.load(q_start_ptr + r)
     row = tl.load(req_idx_ptr + r)
-    # The table lists a request's blocks first to last; run them last to first, so the blocks
-    # with the most keys start early and the launch ends on short ones.
-    m_blk = tl.cdiv(ext, BLOCK_M) - 1 - m_blk
 
-    offs_r = tl.arange(0, BLOCK_M * HEADS)  # tile rows: (query, head), a query's heads adjacent
-    offs_m = m_blk * BLOCK_M + offs_r // HEADS  # query index among this request's new tokens
-    heads = head0 + offs_r % HEADS
+    offs_m = m_blk * BLOCK_M + tl.arange(0, BLOCK_M)  # offsets among this request's new tokens
     offs_d = tl.arange(0, BLOCK_D)
     m_mask = offs_m < ext
     d_mask = offs_d < HEAD_DIM
     q_rows = (q_start + offs_m).to(tl.int64)
     q = tl.load(
-        q_ptr + q_rows[:, None] * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+        q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
         mask=m_mask[:, None] & d_mask[None, :],
         other=0.0,
     )
@@ -173,32 +118,25 @@ def _extend_kernel(
         q = q.to(tl.float32)
     if F16_DOT:  # as in the decode kernel: fp8 K/V widen to float16 cheaply, bf16 q fits it
         q = tl.minimum(tl.maximum(q.to(tl.float32), -65504.0), 65504.0).to(tl.float16)
-    q_pos = prefix + offs_m  # [M] absolute positions; rows past ext see every key < end, unstored
-    qk_scale = sm_scale * k_scale * 1.4426950408889634  # log2(e): exp2 below; dequantizes K too
+    q_pos = prefix + offs_m  # [M] absolute positions
+    qk_scale = sm_scale * k_scale  # dequantizes K for free
 
-    k_base = k_ptr + kv_head * stride_kh
-    v_base = v_ptr + kv_head * stride_vh
-    rtt_row = req_to_token_ptr + row * stride_rtt
-    m_i = tl.full([BLOCK_M * HEADS], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M * HEADS], tl.float32)
-    acc = tl.zeros([BLOCK_M * HEADS, BLOCK_D], tl.float32)
-    q_first = prefix + m_blk * BLOCK_M  # position of the tile's first query
-    end = tl.minimum(q_first + BLOCK_M, prefix + ext)  # keys 0 .. last query's position
-    diag = q_first // BLOCK_N * BLOCK_N  # whole key blocks before it: visible to every row
-    for n0 in range(0, diag, BLOCK_N):
-        m_i, l_i, acc = _extend_step(
-            q, m_i, l_i, acc, k_base, v_base, rtt_row, n0, end, q_pos,
-            stride_kt, stride_vt, offs_d, d_mask, qk_scale, BLOCK_N, False, FP32_DOT,
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    end = tl.minimum(prefix + (m_blk + 1) * BLOCK_M, prefix + ext)  # keys 0 .. last query's position
+    for n0 in range(0, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        in_row = offs_n < end
+        slots = tl.load(req_to_token_ptr + row * stride_rtt + offs_n, mask=in_row, other=0)
+        valid = (offs_n[None, :] <= q_pos[:, None]) & in_row[None, :] & m_mask[:, None]
+        m_i, l_i, acc = _attend_block(
+            q, m_i, l_i, acc, k_ptr, v_ptr, slots, valid, kv_head,
+            stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask, qk_scale, FP32_DOT,
         )  # fmt: skip
-    # The diagonal: key diag <= q_first is visible to every row, so no row's l_i stays 0.
-    for n0 in range(diag, end, BLOCK_N):
-        m_i, l_i, acc = _extend_step(
-            q, m_i, l_i, acc, k_base, v_base, rtt_row, n0, end, q_pos,
-            stride_kt, stride_vt, offs_d, d_mask, qk_scale, BLOCK_N, True, FP32_DOT,
-        )  # fmt: skip
-    out = acc * (v_scale / l_i)[:, None]
+    out = acc * v_scale / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(
-        out_ptr + q_rows[:, None] * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+        out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
         mask=m_mask[:, None] & d_mask[None, :],
     )
@@ -335,9 +273,8 @@ def extend_attention(
     v_scale: float = 1.0,
     block_size_m: int = EXTEND_BLOCK_M,
     block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    heads_per_program: int | None = None,
+    num_warps: int = 4,
+    num_stages: int = 2,
     f16_dot: bool | None = None,
 ) -> torch.Tensor:
     """Causal attention of ragged new tokens over their paged rows; fills ``out`` ``[T, Hq, D]``.
@@ -345,36 +282,21 @@ def extend_attention(
     The new tokens' K/V must already be in ``k_buf``/``v_buf`` at their slots. ``k_scale``,
     ``v_scale``: dequantization scales of an fp8 pool (``KVPool.get_kv_scales``).
     ``block_size_m`` (queries per program: the one ``block_req`` / ``block_m`` were built for by
-    :func:`extend_block_table`), ``block_n``, ``num_warps``, ``num_stages``,
-    ``heads_per_program`` (q heads of one KV head per program, a power of two dividing the GQA
-    group): tuning knobs (``attention_bench.py --extend-sweep``). ``f16_dot``: as in
-    :func:`decode_attention` (on by default for an fp8 pool read by a bfloat16 query).
-
-    Defaults: a program takes as many heads of its group as fit a tile of 128 rows (64 queries x
-    2 heads for GQA) rather than 128 queries of one head: as many rows per K/V block, half the
-    work wasted past the causal diagonal and past a request's last query. 64 keys per step (32
-    in float32), 8 warps for a 128-row tile (two warpgroups on Hopper), 4 for 64 rows, and 3
-    stages: with 3 Triton also fetches the slot indices asynchronously, a step ahead of K/V.
-    Compiled for sm_90a none of these spill (bf16 and fp8 pools, head dim 64 and 128).
+    :func:`extend_block_table`), ``block_n``, ``num_warps``, ``num_stages``: tuning knobs
+    (``attention_bench.py --extend-sweep``). ``f16_dot``: as in :func:`decode_attention` (on by
+    default for an fp8 pool read by a bfloat16 query).
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_buf.shape[1]
     fp32 = q.dtype == torch.float32
     block_d = _block_d(head_dim)
+    # an fp8 pool reads half the bytes per key: 64 keys a step for head dim 128 as well (0.248
+    # against 0.266 ms for 32 on a Qwen3-0.6B prefill chunk, H200, float16 dots)
+    fp8 = k_buf.element_size() == 1
     if f16_dot is None:
-        f16_dot = k_buf.element_size() == 1 and q.dtype == torch.bfloat16
-    heads = heads_per_program
-    if heads is None:  # float32 keeps one head: its CUDA-core dots already fill the registers
-        heads = 1
-        while not fp32 and group % (2 * heads) == 0 and 2 * heads * block_size_m <= 128:
-            heads *= 2
-    if group % heads or heads & (heads - 1):
-        raise ValueError(f"heads_per_program={heads} must be a power of two dividing the group {group}")
-    rows = block_size_m * heads
-    block_n = block_n or (32 if fp32 else 64)
-    num_warps = num_warps or (8 if rows >= 128 or fp32 else 4)  # float32 spills less at 8
-    num_stages = num_stages or (2 if fp32 else 3)
-    grid = (block_req.shape[0], num_q_heads // heads)
+        f16_dot = fp8 and q.dtype == torch.bfloat16
+    block_n = block_n or (32 if (fp32 or (block_d > 64 and not fp8)) else 64)
+    grid = (block_req.shape[0], num_q_heads)
     _extend_kernel[grid](
         q, k_buf, v_buf, out,
         req_to_token, req_pool_indices, prefix_lens, extend_lens, q_start,
@@ -382,7 +304,7 @@ def extend_attention(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         sm_scale, k_scale, v_scale,
-        GROUP=group, HEADS=heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
         BLOCK_M=block_size_m, BLOCK_N=block_n, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32,
         num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
