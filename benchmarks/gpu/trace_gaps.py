@@ -1,9 +1,10 @@
 """Where the GPU waits for the host: idle gaps of a torch-profiler trace and the host code behind them.
 
-    python3 benchmarks/gpu/step_profile.py --window prefill ... --keep-trace --out F.json
+    python3 benchmarks/gpu/step_profile.py --window prefill ... --keep-trace [--trace-stacks] --out F.json
     python -m benchmarks.gpu.trace_gaps F.trace.json.gz [--min-gap-us 50] [--top 15]
 
-The trace must hold Python stacks (``step_profile.py --keep-trace`` records them). For every gap
+With Python stacks in the trace (``step_profile.py --keep-trace --trace-stacks``) gaps are named
+by host code; without them (the host runs at full speed) by the launching thread. For every gap
 between GPU activity (kernels, copies, memsets) of at least ``--min-gap-us``, the kernel that ends
 the gap is followed back to its launch (``correlation`` ids) and the host thread that launched it:
 
@@ -12,8 +13,8 @@ the gap is followed back to its launch (``correlation`` ids) and the host thread
 - the Python frames of project code (``phloem``/``runtime``/``benchmarks`` paths) that thread was
   in when the gap opened, and when it issued the launch.
 
-Gaps are then summed by the innermost project frame at the gap's start, which names the host work
-the GPU waited for. Needs only the standard library: it runs anywhere the trace is copied to.
+Gaps are then summed by the innermost project frame at the gap's start (or the thread and call),
+which names the host work the GPU waited for. Needs only the standard library: it runs anywhere the trace is copied to.
 """
 
 from __future__ import annotations
@@ -22,11 +23,13 @@ import argparse
 import bisect
 import gzip
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any
 
 _GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+_LAUNCH_CATS = ("cuda_runtime", "cuda_driver")  # Triton launches through the driver API
 _OURS = ("runtime/", "phloem/", "benchmarks/", "lang/", "grammars/")
+_NOT_OURS = ("site-packages", "dist-packages", "/usr/lib/")  # triton/runtime/... is not ours
 
 
 def load(path: str) -> list[dict[str, Any]]:
@@ -68,7 +71,11 @@ class Stacks:
         i = bisect.bisect_right(self.starts.get(tid, []), t)
         hits = [f for f in frames[:i] if f[1] >= t]  # frames are few enough per thread for a scan
         hits.sort(key=lambda f: (f[0], -f[1]))
-        return [_short(f[2]) for f in hits if any(k in f[2] for k in _OURS)]
+        return [_short(f[2]) for f in hits if _ours(f[2])]
+
+
+def _ours(name: str) -> bool:
+    return any(k in name for k in _OURS) and not any(k in name for k in _NOT_OURS)
 
 
 def _short(name: str) -> str:
@@ -83,7 +90,7 @@ def launches(events: list[dict[str, Any]]) -> dict[Any, dict[str, Any]]:
     """Host runtime calls (launches, copies) by correlation id."""
     out = {}
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+        if e.get("ph") == "X" and e.get("cat") in _LAUNCH_CATS and "correlation" in e.get("args", {}):
             out[e["args"]["correlation"]] = e
     return out
 
@@ -100,7 +107,8 @@ def analyse(path: str, min_gap: float, top: int) -> dict[str, Any]:
         late = (call["ts"] - start) if call else None
         at_gap = stacks.at(tid, start) if call else []
         at_launch = stacks.at(tid, call["ts"]) if call else []
-        key = at_gap[-1] if at_gap else "(no project frame)"
+        # without Python stacks in the trace: the launching thread and the call it made
+        key = at_gap[-1] if at_gap else f"thread {tid}: {call['name'] if call else '?'}"
         by_frame[key][0] += end - start
         by_frame[key][1] += 1
         rows.append({
@@ -111,11 +119,18 @@ def analyse(path: str, min_gap: float, top: int) -> dict[str, Any]:
     rows.sort(key=lambda r: -r["gap_us"])
     total = sum(r["gap_us"] for r in rows)
     frames = sorted(((k, round(v[0], 1), v[1]) for k, v in by_frame.items()), key=lambda x: -x[1])
+    # torch ops and CUDA calls per thread, to tell them apart
+    ops: dict[Any, Counter[str]] = defaultdict(Counter)
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", *_LAUNCH_CATS):
+            ops[e["tid"]][e["name"]] += 1
+    threads = {str(tid): [n for n, _ in c.most_common(4)] for tid, c in ops.items()}
     return {
         "gaps": len(rows),
         "gap_us_total": round(total, 1),
         "by_frame": frames[:top],
         "largest": rows[:top],
+        "threads": threads,
     }
 
 
@@ -131,6 +146,9 @@ def main() -> None:
     print("\nsummed by the innermost project frame of the launching thread when the gap opened:")
     for frame, us, n in res["by_frame"]:
         print(f"  {us / 1e3:8.2f} ms  {n:4d}  {frame}")
+    print("\nthreads (their most frequent torch ops and CUDA calls):")
+    for tid, names in res["threads"].items():
+        print(f"  {tid}: {', '.join(names)}")
     print("\nlargest gaps:")
     for r in res["largest"]:
         print(f"  {r['gap_us']:8.1f} us  next {r['next']}  launched {r['late_us']} us into the gap")
