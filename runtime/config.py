@@ -55,7 +55,11 @@ class EngineArgs:
     )
     # --- scheduling
     max_running_requests: int | None = _opt(None, "cap on requests decoding at once")
-    chunked_prefill_size: int | None = _opt(None, "max new tokens of one request per prefill pass")
+    chunked_prefill_size: int | None = _opt(
+        None,
+        "max new tokens of one request per prefill pass (default: 512 on the CPU; on CUDA 16384 "
+        "for models under 4 GB of weights, else 8192)",
+    )
     max_prefill_tokens: int = _opt(16384, "token budget of one prefill batch")
     schedule_policy: str = _opt("fcfs", "waiting-queue order", ("fcfs", "lpm"))
     schedule_conservativeness: float = _opt(1.0, "scales the initial new-token ratio")

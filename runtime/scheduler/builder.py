@@ -30,9 +30,26 @@ class SchedulerRuntime:
     send_detokenizer: Callable[[Any], None] = lambda m: None
 
 
-def default_chunked_prefill_size(device_type: str) -> int:
-    # CPU passes are slow: small chunks keep decode latency of running requests bounded.
-    return 512 if device_type == "cpu" else 8192
+SMALL_MODEL_BYTES = 4 << 30  # decode weight bytes below which a CUDA prefill pass takes 16,384 tokens
+
+
+def default_chunked_prefill_size(device_type: str, weight_bytes: int = 0) -> int:
+    """Tokens of one prefill pass when ``--chunked-prefill-size`` is not given.
+
+    CPU: 512. Passes are slow there, and small chunks bound the decode latency of running requests.
+
+    CUDA, models under 4 GB of weights: 16,384. An 8,192-token pass of such a model does less GPU
+    work than the host needs to launch it (~350 launches, 30-70 us each under the GIL). Measured on
+    an H200 with the Qwen3-0.6B shape: ~19 ms of GPU time a pass against ~29 ms of wall time.
+    Offline throughput (256 prompts, lengths 102-1,024) went from 24,025 / 25,038 to
+    25,607 / 25,655 tok/s with 16,384, alternating in one call.
+
+    CUDA, larger models: 8,192. Such passes are GPU-bound already; Llama-3-8B measured 10,397
+    against 10,228 tok/s with 16,384.
+    """
+    if device_type == "cpu":
+        return 512
+    return 16384 if 0 < weight_bytes < SMALL_MODEL_BYTES else 8192
 
 
 def use_overlap(args: EngineArgs, device_type: str) -> bool:
@@ -85,7 +102,8 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     tree = None if args.disable_radix_cache else RadixTree()
     hicache = _hierarchical_cache(args, runner, tree, source)
     cache = CacheManager(allocator=allocator, req_to_token=pool_rows.req_to_token, tree=tree, hicache=hicache)
-    chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type)
+    weights = runner.decode_weight_bytes
+    chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type, weights)
     if chunk <= 0:
         chunk = None
     max_running = min(args.max_running_requests or runner.max_running_requests, pool_rows.size)

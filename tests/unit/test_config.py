@@ -47,3 +47,22 @@ def test_overlap_loop_runs_on_cuda_by_default_and_on_the_cpu_only_when_asked():
     assert not use_overlap(EngineArgs(disable_overlap_schedule=True, enable_cpu_overlap_schedule=True), "cpu")
     assert not use_overlap(EngineArgs(speculative_algorithm="NGRAM"), "cuda")
     assert not use_overlap(EngineArgs(speculative_algorithm="NGRAM", enable_cpu_overlap_schedule=True), "cpu")
+
+
+def test_default_prefill_chunk_follows_the_device_and_the_model_size():
+    from phloem.runtime.scheduler.builder import SMALL_MODEL_BYTES, default_chunked_prefill_size
+
+    assert default_chunked_prefill_size("cpu", 270 << 20) == 512
+    assert default_chunked_prefill_size("cuda", 1_200 << 20) == 16384  # Qwen3-0.6B: launch-bound at 8k
+    assert default_chunked_prefill_size("cuda", SMALL_MODEL_BYTES - 1) == 16384
+    assert default_chunked_prefill_size("cuda", SMALL_MODEL_BYTES) == 8192
+    assert default_chunked_prefill_size("cuda", 15 << 30) == 8192  # Llama-3-8B: GPU-bound at 8k
+    assert default_chunked_prefill_size("cuda") == 8192  # size unknown
+
+
+def test_build_scheduler_takes_the_default_chunk_for_its_device():
+    from phloem.runtime.scheduler.builder import build_scheduler
+
+    args = EngineArgs(load_format="dummy", device="cpu", max_total_tokens=4096, max_running_requests=4)
+    scheduler, rt = build_scheduler(args, send=lambda m: None)
+    assert rt.info["chunked_prefill_size"] == 512 == scheduler.cfg.chunked_prefill_size
