@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +39,7 @@ from phloem.runtime.messages import (
     UpdateWeightsReq,
 )
 from phloem.runtime.sampling.params import validate_token_ids
+from phloem.runtime.tokenizer.batch_encoder import BatchEncoder
 from phloem.runtime.tokenizer.request import GenerateRequest
 
 logger = logging.getLogger("phloem.tokenizer_manager")
@@ -90,6 +91,7 @@ class TokenizerManager:
         self._ready: dict[str, Ready] = {}
         self._ready_event: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
+        self._encoder = _prompt_encoder(tokenizer)
 
     # ================================================================== lifecycle
     async def start(self, *, ready_timeout: float = 600.0, children_alive=None) -> None:
@@ -150,21 +152,30 @@ class TokenizerManager:
             pass
         for t in self._tasks:
             t.cancel()
+        self._encoder.close()
         await asyncio.sleep(0)
         self.inp.close()
         self.to_sched.close()
         self.ctx.term()
 
     # ================================================================== generation
-    def tokenize_request(self, req: GenerateRequest) -> TokenizedGenerateReq:
-        """Validate and tokenize; raises InvalidRequest naming the field."""
+    async def _prompt_ids(self, req: GenerateRequest) -> list[int] | None:
+        """The text prompt's ids, encoded off the loop (``BatchEncoder``); None when
+        :meth:`tokenize_request` needs nothing encoded (ids given, or it will refuse the request)."""
+        if self._status != "serving" or req.input_ids is not None or req.text is None:
+            return None
+        return await self._encoder.encode(req.text)
+
+    def tokenize_request(self, req: GenerateRequest, text_ids: list[int] | None = None) -> TokenizedGenerateReq:
+        """Validate and tokenize (``text_ids``: the text already encoded); raises InvalidRequest
+        naming the field."""
         if self._status != "serving":
             raise InvalidRequest("", f"server is {self._status}" + (f": {self._broken_reason}" if self._broken_reason else ""))
         if req.input_ids is not None:
             ids = list(req.input_ids)
             validate_token_ids(ids, self.vocab_size, "input_ids")
         elif req.text is not None:
-            ids = self.tokenizer.encode(req.text, add_special_tokens=True)
+            ids = text_ids if text_ids is not None else self.tokenizer.encode(req.text, add_special_tokens=True)
         else:
             raise InvalidRequest("text", "either text or input_ids is required")
         if not ids:
@@ -230,7 +241,7 @@ class TokenizerManager:
 
         Leaving the iteration early (client disconnect, cancellation) aborts the request.
         """
-        msg = self.tokenize_request(req)
+        msg = self.tokenize_request(req, await self._prompt_ids(req))
         st = ReqState(
             rid=msg.rid,
             prompt_tokens=len(msg.input_ids),
@@ -407,6 +418,18 @@ class TokenizerManager:
         if key.endswith("token_logprobs"):
             return [triple(p) for p in vals]
         return [[triple(p) for p in pos] if pos is not None else None for pos in vals]
+
+
+def _prompt_encoder(tokenizer: Any) -> BatchEncoder:
+    def one(text: str) -> list[int]:
+        return tokenizer.encode(text, add_special_tokens=True)
+
+    def batch(texts: Sequence[str]) -> list[list[int]]:
+        if hasattr(tokenizer, "encode_batch"):
+            return tokenizer.encode_batch(texts, add_special_tokens=True)
+        return [one(t) for t in texts]
+
+    return BatchEncoder(one, batch)
 
 
 def _version() -> str:

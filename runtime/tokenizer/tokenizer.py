@@ -192,6 +192,13 @@ class Tokenizer:
             ids = [self.bos_token_id, *ids]
         return ids
 
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = False) -> list[list[int]]:
+        """:meth:`encode` of every text, in one call: the Rust tokenizer releases the GIL and
+        spreads the texts over its threads."""
+        encs = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        bos = self.bos_token_id if add_special_tokens and self.add_bos_token else None
+        return [e.ids if bos is None else [bos, *e.ids] for e in encs]
+
     def decode(
         self, ids: Sequence[int], skip_special_tokens: bool = True, spaces_between_special_tokens: bool = True
     ) -> str:
