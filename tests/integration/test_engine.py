@@ -41,6 +41,21 @@ def test_input_ids_and_text_agree(engine):
     assert a["output_ids"] == b["output_ids"]
 
 
+def test_long_prompts_arriving_together_are_encoded_in_one_batch_with_the_same_ids(engine):
+    """Texts past the inline limit go through the tokenizer manager's batch encoder (a worker
+    thread); the ids, and so the outputs, are those of the plain encoder."""
+    topics = ["rivers of Europe", "the history of printing", "how bees build combs", "tidal energy"]
+    texts = [f"Write a short note about {t}. " + " ".join(f"Point {i}: {t} matters." for i in range(120)) for t in topics]
+    assert all(len(t) > 2048 for t in texts)
+    before = engine.tm._encoder.batches
+    outs = engine.generate(texts, sampling_params=GREEDY)
+    assert engine.tm._encoder.batches > before
+    for text, out in zip(texts, outs, strict=True):
+        ids = engine.tm.tokenizer.encode(text, add_special_tokens=True)
+        assert out["meta_info"]["prompt_tokens"] == len(ids)
+        assert out["output_ids"] == engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"]
+
+
 def test_shared_prefix_is_computed_once(engine):
     engine.flush_cache()
     stem = " ".join(f"Fact {i}: the number {i} is {'even' if i % 2 == 0 else 'odd'}." for i in range(80))
