@@ -10,9 +10,10 @@ it no other request streams a token and no new request reaches the scheduler. So
 
 ``encode_batch`` of the Rust tokenizer releases the GIL and spreads a batch over its threads, so
 the loop keeps serving while a burst is encoded, on as many cores as the machine has. One batch
-runs at a time, of at most ``max_batch`` texts (the first prompts of a burst reach the scheduler
-while the rest are still being encoded); texts that arrive meanwhile join the next one. Results come back in each
-caller's own order, and an error in a batch reaches every caller of that batch.
+runs at a time, of at most ``max_batch`` texts, so the first prompts of a burst reach the
+scheduler while the rest are still being encoded; texts that arrive meanwhile join the next one.
+Results come back in each caller's own order, and an error in a batch reaches every caller of
+that batch.
 """
 
 from __future__ import annotations
@@ -87,11 +88,13 @@ class BatchEncoder:
 
     def _finish(self, batch: list[tuple[str, asyncio.Future[list[int]]]], done: asyncio.Future) -> None:
         self._running = False
-        error = done.exception() if not done.cancelled() else asyncio.CancelledError()
+        error = None if done.cancelled() else done.exception()
         for i, (_, fut) in enumerate(batch):
             if fut.done():  # cancelled by its caller
                 continue
-            if error is not None:
+            if done.cancelled():  # the executor was shut down under it
+                fut.cancel()
+            elif error is not None:
                 fut.set_exception(error)
             else:
                 fut.set_result(done.result()[i])
