@@ -17,6 +17,7 @@ from phloem.runtime.sampling.stop import FinishReason, StopChecker
 from phloem.runtime.scheduler.batch import (
     ScheduledBatch,
     build_forward_input,
+    extend_index,
     int64_tensor,
     write_decode_slots,
 )
@@ -99,6 +100,21 @@ def test_decode_index_gives_the_general_forward_input():
     for name in "input_ids positions out_slots req_pool_indices seq_lens prefix_lens extend_lens".split():
         a, b = getattr(fast, name), getattr(general, name)
         assert a.dtype == b.dtype == torch.int64 and torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_extend_index_is_every_new_token_row_and_position(seed):
+    import numpy as np
+
+    rng = random.Random(seed)
+    n = rng.randint(1, 12)
+    rows = [rng.randint(0, 50) for _ in range(n)]
+    prefix = [rng.randint(0, 900) for _ in range(n)]
+    extend = [rng.choice([0, 1, rng.randint(1, 700)]) for _ in range(n)]
+    want = [[r for r, e in zip(rows, extend) for _ in range(e)],
+            [p + j for p, e in zip(prefix, extend) for j in range(e)]]  # fmt: skip
+    got = extend_index(*(np.array(v, dtype=np.int64) for v in (rows, prefix, extend)))
+    assert got.dtype == np.int64 and got.tolist() == want
 
 
 @pytest.mark.parametrize("values", [[], [3], [1, -2, 1 << 40], [[1, 2], [3, 4]], [[], []]])
