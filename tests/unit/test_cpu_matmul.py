@@ -7,7 +7,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from phloem.runtime.layers import cpu_matmul
-from phloem.runtime.layers.cpu_matmul import WEIGHT_MAJOR_MAX_ROWS, use_weight_major, weight_major_linear
+from phloem.runtime.layers.cpu_matmul import (
+    WEIGHT_MAJOR_MAX_ELEMENTS,
+    WEIGHT_MAJOR_MAX_ROWS,
+    WEIGHT_MAJOR_MIN_ROWS,
+    use_weight_major,
+    weight_major_linear,
+)
 from phloem.runtime.layers.embedding import LMHead
 from phloem.runtime.layers.linear import Linear
 
@@ -31,17 +37,20 @@ def test_equals_f_linear(shape, bias):
     torch.testing.assert_close(y, F.linear(x, w, b), rtol=1e-5, atol=1e-5)
 
 
-def test_routing_by_device_dtype_rows_and_switch():
+def test_routing_by_device_dtype_rows_size_and_switch():
     w = torch.randn(80, 48)
     assert not use_weight_major(torch.randn(1, 48), w)  # one row: already a matrix-vector product
-    assert use_weight_major(torch.randn(2, 48), w)
+    assert not use_weight_major(torch.randn(WEIGHT_MAJOR_MIN_ROWS - 1, 48), w)  # F.linear won there
+    assert use_weight_major(torch.randn(WEIGHT_MAJOR_MIN_ROWS, 48), w)
     assert use_weight_major(torch.randn(2, 8, 48), w)  # rows counted over the leading axes
     assert use_weight_major(torch.randn(WEIGHT_MAJOR_MAX_ROWS, 48), w)
     assert not use_weight_major(torch.randn(WEIGHT_MAJOR_MAX_ROWS + 1, 48), w)  # the blocked GEMM wins
-    assert not use_weight_major(torch.randn(4, 48, dtype=torch.bfloat16), w.bfloat16())
-    assert not use_weight_major(torch.randn(4, 48), torch.randn(48, 80).t())  # strided weight
+    big = torch.empty(WEIGHT_MAJOR_MAX_ELEMENTS // 16 + 1, 16)  # an LM head's size: F.linear
+    assert not use_weight_major(torch.randn(16, 16), big)
+    assert not use_weight_major(torch.randn(16, 48, dtype=torch.bfloat16), w.bfloat16())
+    assert not use_weight_major(torch.randn(16, 48), torch.randn(48, 80).t())  # strided weight
     cpu_matmul.set_weight_major(False)
-    assert not use_weight_major(torch.randn(4, 48), w)
+    assert not use_weight_major(torch.randn(16, 48), w)
 
 
 def test_linear_and_lm_head_take_the_route_and_match_the_oracle(monkeypatch):
@@ -62,7 +71,7 @@ def test_linear_and_lm_head_take_the_route_and_match_the_oracle(monkeypatch):
         lin.weight.copy_(torch.randn(80, 48, generator=gen))
         lin.bias.copy_(torch.randn(80, generator=gen))
         head.weight.copy_(torch.randn(100, 48, generator=gen))
-    x = torch.randn(6, 48, generator=gen)
+    x = torch.randn(WEIGHT_MAJOR_MIN_ROWS + 2, 48, generator=gen)
     on_lin, on_head = lin(x), head(x)
     assert calls == [(80, 48), (100, 48)]
     cpu_matmul.set_weight_major(False)
