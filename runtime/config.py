@@ -34,6 +34,10 @@ class EngineArgs:
     cpu_threads: int | None = _opt(None, "torch threads of the model on CPU (default: all cores)")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a CUDA graph")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly on CUDA")
+    warmup: str = _opt(
+        "auto", "synthetic requests at start-up, so first-use kernel builds and allocations happen "
+        "before serving (auto: on CUDA only)", ("auto", "on", "off"),
+    )  # fmt: skip
     # --- memory and cache
     mem_fraction_static: float | None = _opt(None, "fraction of device memory for weights + KV pool")
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (overrides the memory budget)")

@@ -231,6 +231,11 @@ class CacheManager:
             self._hicache.record_hit(**details)
         return details
 
+    def reset_counters(self) -> None:
+        """Zero the hierarchical cache's counters (no-op without it)."""
+        if self._hicache is not None:
+            self._hicache.reset_counters()
+
     def tier_stats(self) -> dict[str, float]:
         """Hierarchical cache counters (hits per tier, bytes moved); empty when it is disabled."""
         return self._hicache.stats() if self._hicache is not None else {}

@@ -470,6 +470,9 @@ class HiCacheController:
             problems.append("host: slot out of range")
         return problems
 
+    def reset_counters(self) -> None:
+        self.counters = _Counters()
+
     def stats(self) -> dict[str, float]:
         """Counters for ``live_stats``: hits per tier (tokens), bytes moved, pool usage."""
         c = self.counters

@@ -69,6 +69,10 @@ class Sampler:
             return greedy_tokens(x)
         return self._sample(x, info)
 
+    def reset(self) -> None:
+        """Restart the unseeded rows' generator from ``seed``, as if nothing had been sampled."""
+        self._generators.clear()
+
     def generator(self, device: torch.device) -> torch.Generator:
         gen = self._generators.get(device)
         if gen is None:

@@ -169,6 +169,7 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
     codec_tm = Codec(ToTokenizerManager)
     try:
         from phloem.runtime.scheduler.builder import build_scheduler
+        from phloem.runtime.scheduler.warmup import warm_up_scheduler
 
         to_detok = push_socket(ctx, ipc.detokenizer)
         codec_detok = Codec(ToDetokenizer)
@@ -177,6 +178,7 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
 
         scheduler, runtime = build_scheduler(args, send=send_detok)
         runtime.send_detokenizer = send_detok
+        warm_up_scheduler(args, scheduler, runtime)
         proc = SchedulerProcess(scheduler, runtime=runtime, ipc=ipc, ctx=ctx)
     except Exception as e:
         logger.error("scheduler failed to start:\n%s", traceback.format_exc())

@@ -886,6 +886,18 @@ class Scheduler:
         self.outputs.flush()
 
     # ================================================================== stats and logs
+    def reset_counters(self) -> None:
+        """Forget what ran so far (after the start-up warm-up): counters, the forecast ratio, the
+        speculative acceptance and the cache tiers' counters."""
+        self.stats = SchedulerCounters()
+        self.ratio = NewTokenRatio(self.cfg.schedule_conservativeness)
+        self._decode_steps = 0
+        self._tokens_since_log = 0
+        self._last_log = time.monotonic()
+        if self.spec is not None:
+            self.spec.verify_count = self.spec.accepted_tokens = 0
+        self.cache.reset_counters()
+
     def live_stats(self) -> dict[str, float]:
         total = self.cache.total_size
         s = self.stats

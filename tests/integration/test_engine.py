@@ -222,3 +222,24 @@ def test_scheduler_froze_its_startup_heap(engine):
     """The scheduler process takes its start-up objects out of the cyclic collector's reach, so a
     full collection does not stall every running request (the default model: ~175k objects)."""
     assert engine.get_server_info()["gc_frozen_objects"] > 10_000
+
+
+def test_warmup_before_ready_leaves_no_trace(engine):
+    """``--warmup on`` (the CUDA default) runs synthetic requests before the engine is ready; what
+    a client sees afterwards is what an engine without it gives."""
+    from phloem import Engine
+
+    warm = Engine(log_level="warning", warmup="on")
+    try:
+        info = warm.get_server_info()
+        assert info["warmup_requests"] >= 3 and info["warmup_prompt_tokens"] > info["chunked_prefill_size"]
+        assert pool_is_idle(info) and info["live"]["prompt_tokens_total"] == 0
+        prompts = ["The capital of France is", "def fibonacci(n):"]
+        seeded = {"temperature": 0.8, "max_new_tokens": 8, "sampling_seed": 7}
+        for params in (GREEDY, seeded):
+            got = warm.generate(prompts, sampling_params=params)
+            want = engine.generate(prompts, sampling_params=params)
+            assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
+        assert "warmup_requests" not in engine.get_server_info()  # off on the CPU by default
+    finally:
+        warm.shutdown()

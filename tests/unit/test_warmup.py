@@ -1,0 +1,106 @@
+"""The start-up warm-up: its plan, when it runs, and that it leaves the scheduler as it found it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from phloem.runtime.config import EngineArgs
+from phloem.runtime.scheduler.warmup import WarmupLimits, plan_warmup, run_warmup, use_warmup
+
+LIMITS = WarmupLimits(
+    vocab_size=1000, context_len=4096, pool_tokens=1 << 20, max_running=256,
+    max_prefill_tokens=16384, chunked_prefill_size=16384, decode_steps=1,
+)  # fmt: skip
+
+
+def test_use_warmup_auto_means_cuda_and_never_with_a_storage_tier():
+    assert use_warmup("auto", "cuda") and not use_warmup("auto", "cpu")
+    assert use_warmup("on", "cpu") and not use_warmup("off", "cuda")
+    assert not use_warmup("on", "cuda", storage_tier=True)
+
+
+def test_plan_fills_one_pass_and_spills_into_the_next():
+    short, full, extended = plan_warmup(LIMITS)
+    assert len(short) == 1 and len(short[0].input_ids) == 5 and short[0].return_logprob
+    total = sum(len(r.input_ids) for r in full)
+    assert 16384 + 16384 // 4 <= total < 16384 + 16384 // 4 + 16384 // 4  # the last prompt is chunked
+    assert all(len(r.input_ids) <= 16384 // 4 for r in full)
+    assert {r.params.temperature for r in full} == {0.0, 0.7, 1.0}  # greedy and sampled rows together
+    assert all(0 <= t < 1000 for w in (short, full, extended) for r in w for t in r.input_ids)
+    assert all(
+        r.params.ignore_eos and r.params.max_new_tokens == 3 for w in (short, full, extended) for r in w
+    )
+
+
+def test_plan_extends_cached_prefixes():
+    _, full, extended = plan_warmup(LIMITS)
+    assert len(extended) == (len(full) + 1) // 2
+    for old, new in zip(full[::2], extended):
+        keep = len(old.input_ids) * 3 // 4
+        assert new.input_ids[:keep] == old.input_ids[:keep] and len(new.input_ids) > keep
+
+
+def test_plan_respects_small_limits():
+    tight = WarmupLimits(
+        vocab_size=50, context_len=40, pool_tokens=400, max_running=3,
+        max_prefill_tokens=16384, chunked_prefill_size=None, decode_steps=4,
+    )  # fmt: skip
+    waves = plan_warmup(tight)
+    reqs = [r for w in waves for r in w]
+    assert all(len(r.input_ids) + r.params.max_new_tokens < 40 for r in reqs)  # context
+    assert len(waves[1]) <= 2  # max_running - 1
+    assert sum(len(r.input_ids) for r in waves[1]) <= 400 // 4 + 40  # a quarter of the pool, roughly
+    assert reqs[0].params.max_new_tokens == 9  # two continuous launches and the prefill's token
+    assert plan_warmup(WarmupLimits(50, 8, 400, 3, 16384, None, 4)) == []  # context too short
+
+
+def test_plan_is_deterministic_per_seed():
+    assert plan_warmup(LIMITS, seed=3) == plan_warmup(LIMITS, seed=3) != plan_warmup(LIMITS, seed=4)
+
+
+def _scheduler(**kw):
+    from phloem.runtime.scheduler.builder import build_scheduler
+
+    sent: list = []
+    args = EngineArgs(load_format="dummy", device="cpu", max_total_tokens=4096, max_running_requests=8, **kw)
+    scheduler, rt = build_scheduler(args, send=sent.append)
+    return scheduler, rt, sent
+
+
+def _limits(scheduler, rt):
+    return WarmupLimits(
+        vocab_size=rt.runner.vocab_size, context_len=rt.info["context_length"],
+        pool_tokens=rt.info["max_total_num_tokens"], max_running=scheduler.cfg.max_running_requests,
+        max_prefill_tokens=scheduler.cfg.max_prefill_tokens, chunked_prefill_size=scheduler.cfg.chunked_prefill_size,
+    )  # fmt: skip
+
+
+def test_run_warmup_sends_nothing_and_leaves_the_scheduler_fresh():
+    scheduler, rt, sent = _scheduler()
+    rt.runner.sampler.generator(rt.runner.device).manual_seed(12345)  # stands for earlier draws
+    waves = plan_warmup(_limits(scheduler, rt))
+    summary = run_warmup(scheduler, rt, waves)
+    assert summary["warmup_requests"] == sum(len(w) for w in waves) >= 3
+    assert summary["warmup_prompt_tokens"] > scheduler.cfg.chunked_prefill_size  # more than one pass
+    assert sent == []  # no output reached the detokenizer's channel
+    stats = scheduler.live_stats()
+    assert stats["available_tokens"] == stats["max_total_num_tokens"]  # flushed: no cached prefix
+    assert stats["prompt_tokens_total"] == stats["cached_tokens_total"] == 0
+    assert stats["new_token_ratio"] == scheduler.ratio.init
+    assert scheduler.is_idle and not scheduler.running
+    # the unseeded rows' generator starts over from the sampler's seed
+    fresh = torch.Generator().manual_seed(rt.runner.sampler.seed)
+    gen = rt.runner.sampler.generator(rt.runner.device)
+    assert torch.equal(gen.get_state(), fresh.get_state())
+
+
+def test_run_warmup_refuses_a_busy_scheduler():
+    from phloem.runtime.sampling.params import SamplingParams
+    from phloem.runtime.sampling.stop import StopChecker
+    from phloem.runtime.scheduler.req import Req
+
+    scheduler, rt, _ = _scheduler()
+    p = SamplingParams(max_new_tokens=2)
+    scheduler.add_request(Req(rid="x", origin_input_ids=[1, 2, 3], params=p, stop_checker=StopChecker(p)))
+    with pytest.raises(RuntimeError, match="idle"):
+        run_warmup(scheduler, rt, plan_warmup(_limits(scheduler, rt)))
