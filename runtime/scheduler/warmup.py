@@ -8,9 +8,11 @@ Why: on CUDA the first passes of each kind pay one-off costs that later passes d
 - the caching allocator grows to a full prefill pass's activations (``cudaMalloc`` per block);
 - lazily loaded CUDA modules (cuBLAS, torch's sampling kernels) load on first launch.
 
-Without a warm-up the first requests a server takes pay for all of them: on an H200 the first
-offline run of a fresh machine measured 4-5% below the next ones, and two of its first
-16,384-token prefill passes took ~140 ms against ~55 ms later.
+Without a warm-up the first requests a server takes pay for all of them. On an H200 with the
+Qwen3-0.6B shape and an empty Triton cache (``docs/benchmarks.md``, twelfth round), the offline
+workload with the warm-up against without, in four alternating pairs on two machines: output
+throughput +0.2% to +3.5%, mean time to first token -5% to -26%. It costs ~2.2 s of start-up
+there (the kernel builds it moves would be paid anyway).
 
 The requests are random token ids (the model never sees text here) in three waves, each run to
 completion before the next:
