@@ -3,7 +3,8 @@
 Compilation runs in the grammar manager's thread pool; the scheduler loop only polls futures, so
 a slow or hostile grammar never stalls it. A failed or timed-out compile finishes that request
 alone with an abort carrying the backend's message (HTTP 400 at the edge). The backend itself is
-built on the first constrained request: importing and indexing a tokenizer costs seconds.
+built on the first constrained request, which is the start-up warm-up's where it runs (CUDA by
+default): importing and indexing a tokenizer costs seconds.
 """
 
 from __future__ import annotations

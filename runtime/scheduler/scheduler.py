@@ -896,6 +896,8 @@ class Scheduler:
         self._last_log = time.monotonic()
         if self.spec is not None:
             self.spec.verify_count = self.spec.accepted_tokens = 0
+        if self.grammar is not None:
+            self.grammar.take_compile_times()
         self.cache.reset_counters()
 
     def live_stats(self) -> dict[str, float]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from phloem.runtime.config import EngineArgs
@@ -104,3 +106,38 @@ def test_run_warmup_refuses_a_busy_scheduler():
     scheduler.add_request(Req(rid="x", origin_input_ids=[1, 2, 3], params=p, stop_checker=StopChecker(p)))
     with pytest.raises(RuntimeError, match="idle"):
         run_warmup(scheduler, rt, plan_warmup(_limits(scheduler, rt)))
+
+
+def test_plan_adds_a_constrained_request_with_a_grammar_backend():
+    short = plan_warmup(dataclasses.replace(LIMITS, grammar=True))[0]
+    assert [r.params.grammar is not None for r in short] == [False, True]
+    assert all(r.params.grammar is None for w in plan_warmup(LIMITS) for r in w)
+
+
+def test_run_warmup_builds_the_grammar_backend_and_forgets_its_compile_times():
+    scheduler, rt, sent = _scheduler()
+    assert scheduler.grammar is not None and scheduler.grammar._manager is None  # built lazily
+    summary = run_warmup(
+        scheduler, rt, plan_warmup(dataclasses.replace(_limits(scheduler, rt), grammar=True))
+    )
+    assert summary["warmup_requests"] >= 4 and sent == []
+    assert scheduler.grammar._manager is not None  # the first real constrained request finds it built
+    assert scheduler.grammar.take_compile_times() == []  # the warm-up's compile is not a metric
+
+
+def test_a_grammar_backend_that_fails_does_not_fail_the_warmup(monkeypatch, caplog):
+    import phloem.grammars.registry as registry
+
+    def broken(*a, **k):
+        raise RuntimeError("no backend here")
+
+    monkeypatch.setattr(registry, "create_backend", broken)
+    scheduler, rt, _ = _scheduler()
+    with caplog.at_level("WARNING", logger="phloem.scheduler"):
+        summary = run_warmup(
+            scheduler, rt, plan_warmup(dataclasses.replace(_limits(scheduler, rt), grammar=True))
+        )
+    assert summary["warmup_requests"] >= 4
+    assert "constrained request failed" in caplog.text and "no backend here" in caplog.text
+    stats = scheduler.live_stats()
+    assert stats["available_tokens"] == stats["max_total_num_tokens"]
