@@ -11,15 +11,15 @@ Why: on CUDA the first passes of each kind pay one-off costs that later passes d
 Without a warm-up the first requests a server takes pay for all of them. On an H200 with the
 Qwen3-0.6B shape and an empty Triton cache (``docs/benchmarks.md``, twelfth round), the offline
 workload with the warm-up against without, in four alternating pairs on two machines: output
-throughput +0.2% to +3.5%, mean time to first token -5% to -26%. It costs ~2.2 s of start-up
-there (the kernel builds it moves would be paid anyway).
+throughput +0.2% to +3.5%, mean time to first token -5% to -26%. It costs 2.2-2.5 s of start-up
+there, 3.4-3.6 s with the grammar request below (the kernel builds it moves would be paid anyway).
 
 The requests are random token ids (the model never sees text here) in three waves, each run to
 completion before the next:
 
 1. one short prompt (one sequence, odd length), with logprobs: batch-1 prefill and decode; with
-   a grammar backend, also a JSON-schema request (the first compile and mask pay one-off costs
-   too: on the CPU the first constrained request of a fresh engine took 2.8 s, the next 0.9 s);
+   a grammar backend, also a JSON-schema request: it builds the backend (seconds) before ready.
+   On an H200 the first constrained request took ~3 s without it and 52-59 ms with it;
 2. ragged prompts that fill one prefill pass and spill into a second, so one of them is chunked,
    with greedy, top-k/top-p and penalized sampling rows: the largest pass the engine will run;
 3. half of wave 2's prompts again, cut short and extended with new tokens: passes that extend
