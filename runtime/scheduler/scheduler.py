@@ -895,7 +895,7 @@ class Scheduler:
         self._tokens_since_log = 0
         self._last_log = time.monotonic()
         if self.spec is not None:
-            self.spec.verify_count = self.spec.accepted_tokens = 0
+            self.spec.reset_counters()
         if self.grammar is not None:
             self.grammar.take_compile_times()
         self.cache.reset_counters()

@@ -71,6 +71,11 @@ class SpeculativeStep:
         self.accepted_tokens = 0
         self._prefill: dict[int, tuple[int, list[torch.Tensor]]] = {}  # row -> (start, hidden chunks)
 
+    def reset_counters(self) -> None:
+        """Forget what ran so far (after the start-up warm-up): acceptance counts, the sampler."""
+        self.verify_count = self.accepted_tokens = 0
+        self.verifier.reset_generator()
+
     @property
     def mean_accept_length(self) -> float:
         return self.accepted_tokens / self.verify_count if self.verify_count else 0.0

@@ -242,7 +242,12 @@ class TreeVerifier:
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
         self.graphs = graphs  # VerifyGraphRunner on CUDA (padded trees, Triton, CUDA graphs), else None
+        self.seed = seed
         self.generator = torch.Generator().manual_seed(seed)
+
+    def reset_generator(self) -> None:
+        """Restart the acceptance sampler's generator from ``seed`` (after the start-up warm-up)."""
+        self.generator.manual_seed(self.seed)
 
     @torch.inference_mode()
     def verify(self, reqs: Sequence[VerifyRequest]) -> list[VerifyResult]:

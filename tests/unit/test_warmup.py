@@ -141,3 +141,41 @@ def test_a_grammar_backend_that_fails_does_not_fail_the_warmup(monkeypatch, capl
     assert "constrained request failed" in caplog.text and "no backend here" in caplog.text
     stats = scheduler.live_stats()
     assert stats["available_tokens"] == stats["max_total_num_tokens"]
+
+
+def _run_one(scheduler, params):
+    from phloem.runtime.sampling.stop import StopChecker
+    from phloem.runtime.scheduler.req import Req
+
+    req = Req(rid="r", origin_input_ids=list(range(5, 40)), params=params, stop_checker=StopChecker(params))
+    scheduler.add_request(req)
+    while not scheduler.is_idle:
+        scheduler.step()
+    return req.output_ids
+
+
+@pytest.mark.parametrize("spec", [None, "NGRAM"])
+def test_unseeded_sampling_after_the_warmup_equals_a_fresh_scheduler(spec):
+    """The warm-up samples too; afterwards the unseeded generators (the sampler's and, with
+    speculation, the acceptance sampler's) start over, so the first real samples are the ones a
+    scheduler without a warm-up draws."""
+    from phloem.runtime.sampling.params import SamplingParams
+
+    params = SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
+    kw = {"speculative_algorithm": spec} if spec else {}
+    cold, _, _ = _scheduler(**kw)
+    want = _run_one(cold, params)
+    warm, rt, _ = _scheduler(**kw)
+    run_warmup(warm, rt, plan_warmup(_limits(warm, rt)))
+    assert _run_one(warm, params) == want and len(want) == 12
+
+
+def test_speculative_reset_restarts_the_acceptance_sampler():
+    scheduler, _, _ = _scheduler(speculative_algorithm="NGRAM")
+    spec = scheduler.spec
+    first = torch.rand(4, generator=spec.verifier.generator)
+    torch.rand(4, generator=spec.verifier.generator)  # the warm-up's draws
+    spec.verify_count, spec.accepted_tokens = 5, 9
+    scheduler.reset_counters()
+    assert torch.equal(torch.rand(4, generator=spec.verifier.generator), first)
+    assert spec.mean_accept_length == 0.0
