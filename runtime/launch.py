@@ -13,7 +13,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from phloem.runtime.config import EngineArgs
@@ -110,6 +110,13 @@ KV_CACHE_DTYPES = ("auto", "fp8_e4m3")
 def check_supported(args: EngineArgs) -> None:
     """Options this build accepts on the command line but cannot honour fail here, loudly (before
     any child process starts)."""
+    for f in fields(args):
+        # the command line checks choices itself; ``Engine(**kwargs)`` arrives here unchecked
+        choices = f.metadata.get("choices")
+        value = getattr(args, f.name)
+        if choices is not None and value not in choices:
+            shown = ", ".join(str(c) for c in choices if c is not None)
+            raise ValueError(f"--{f.name.replace('_', '-')} {value}: expected one of {shown}")
     if args.kv_cache_dtype not in KV_CACHE_DTYPES:
         raise ValueError(
             f"--kv-cache-dtype {args.kv_cache_dtype}: expected one of {', '.join(KV_CACHE_DTYPES)}"

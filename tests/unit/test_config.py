@@ -66,3 +66,19 @@ def test_build_scheduler_takes_the_default_chunk_for_its_device():
     args = EngineArgs(load_format="dummy", device="cpu", max_total_tokens=4096, max_running_requests=4)
     scheduler, rt = build_scheduler(args, send=lambda m: None)
     assert rt.info["chunked_prefill_size"] == 512 == scheduler.cfg.chunked_prefill_size
+
+
+def test_engine_keywords_outside_their_choices_fail_before_any_process_starts():
+    """The command line checks choices; ``Engine(**kwargs)`` reaches ``check_supported`` unchecked."""
+    from phloem.runtime.launch import check_supported
+
+    from phloem import Engine
+
+    check_supported(EngineArgs(warmup="on", speculative_algorithm=None, hicache_storage_backend="file"))
+    for bad, flag in ((dict(warmup="sometimes"), "--warmup sometimes"), (dict(dtype="fp16"), "--dtype fp16"),
+                      (dict(speculative_algorithm="eagle"), "--speculative-algorithm eagle")):  # fmt: skip
+        with pytest.raises(ValueError, match=flag) as e:
+            check_supported(EngineArgs(**bad))
+        assert "expected one of" in str(e.value)
+    with pytest.raises(ValueError, match="--schedule-policy lifo: expected one of fcfs, lpm"):
+        Engine(schedule_policy="lifo")
