@@ -18,13 +18,13 @@ time of the Engine is reported too: the warm-up moves cost there.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import time
 from typing import Any
 
 from phloem.bench.compare import git_state
+from phloem.bench.report import emit_json
 
 SCHEMAS = (
     '{"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}',
@@ -87,10 +87,7 @@ def main() -> int:
         "warmup": ns.warmup,
         **measure(engine_kwargs, ns.prompt_tokens, ns.seed),
     }
-    print(json.dumps(result, indent=1))
-    if ns.out:
-        with open(ns.out, "w") as f:
-            json.dump(result, f, indent=1)
+    emit_json(result, ns.out)
     return 0
 
 

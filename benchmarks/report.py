@@ -201,3 +201,11 @@ def parse_prometheus(text: str, prefix: str = "phloem:") -> dict[str, float]:
 
 def counter_delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
     return {k: after[k] - before.get(k, 0.0) for k in after if k.endswith("_total")}
+
+
+def emit_json(result: dict[str, Any], path: str | None) -> None:
+    """Print ``result`` as JSON and, with ``path``, write it there too (one-shot benchmarks)."""
+    print(json.dumps(result, indent=1))
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)

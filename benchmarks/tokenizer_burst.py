@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import random
 import statistics
 import sys
@@ -22,6 +21,7 @@ import time
 from typing import Any
 
 from phloem.bench.compare import git_state
+from phloem.bench.report import emit_json
 
 
 async def _round(eng: Any, texts: list[str]) -> dict[str, float]:
@@ -109,10 +109,7 @@ def main() -> int:
         "rounds": [{k: round(v, 1) for k, v in r.items()} for r in rounds],
         "median": med,
     }
-    print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    emit_json(result, args.out)
     return 0
 
 
