@@ -24,18 +24,13 @@ import time
 from typing import Any
 
 from phloem.bench.compare import git_state
+from phloem.bench.datasets import TextMaker
 from phloem.bench.report import emit_json
 
 SCHEMAS = (
     '{"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}',
     '{"type": "object", "properties": {"ok": {"type": "boolean"}, "n": {"type": "number"}}, "required": ["ok"]}',
 )
-
-
-def _prompt(rng: random.Random, tokenizer: Any, n: int) -> list[int]:
-    words = ["river", "stone", "light", "north", "paper", "glass", "seven", "field", "quiet", "orbit"]
-    ids = tokenizer.encode(" ".join(rng.choice(words) for _ in range(n)), add_special_tokens=True)
-    return ids[:n]
 
 
 def measure(engine_kwargs: dict[str, Any], prompt_tokens: int, seed: int) -> dict[str, Any]:
@@ -45,14 +40,14 @@ def measure(engine_kwargs: dict[str, Any], prompt_tokens: int, seed: int) -> dic
     eng = Engine(**engine_kwargs)
     startup = time.perf_counter() - t0
     rng = random.Random(seed)
-    tok = eng.tm.tokenizer
+    maker = TextMaker(eng.tm.tokenizer)
     greedy = {"temperature": 0, "max_new_tokens": 8}
     rows: dict[str, float] = {}
     try:
         for name, kw in (
-            ("plain_long", {"input_ids": _prompt(rng, tok, prompt_tokens), "sampling_params": greedy}),
+            ("plain_long", {"prompt": maker.make(prompt_tokens, rng), "sampling_params": greedy}),
             ("constrained", {"prompt": "A person as JSON:", "sampling_params": {**greedy, "json_schema": SCHEMAS[0]}}),
-            ("plain_long_again", {"input_ids": _prompt(rng, tok, prompt_tokens), "sampling_params": greedy}),
+            ("plain_long_again", {"prompt": maker.make(prompt_tokens, rng), "sampling_params": greedy}),
             ("constrained_again", {"prompt": "A flag as JSON:", "sampling_params": {**greedy, "json_schema": SCHEMAS[1]}}),
         ):  # fmt: skip
             t = time.perf_counter()
