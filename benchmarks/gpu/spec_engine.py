@@ -34,6 +34,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "eagle-tree-16": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 5, "speculative_eagle_topk": 4,
                       "speculative_num_draft_tokens": 16},
     "ngram-4": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 5},
+    # several steps per host sync: continuous decode for plain, windows of chain steps for EAGLE
+    "plain-c8": {"num_continuous_decode_steps": 8},
+    "eagle-default-w8": {"speculative_algorithm": "EAGLE", "num_continuous_decode_steps": 8},
+    "eagle-chain-2-w8": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 2, "speculative_eagle_topk": 1,
+                         "speculative_num_draft_tokens": 3, "num_continuous_decode_steps": 8},
+    "eagle-chain-4-w8": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4, "speculative_eagle_topk": 1,
+                         "speculative_num_draft_tokens": 5, "num_continuous_decode_steps": 8},
 }  # fmt: skip
 
 
@@ -112,6 +119,8 @@ def main() -> None:
                 elif b in plain_ids:
                     r["match"] = sum(x == y for x, y in zip(ids, plain_ids[b])) / len(ids)
                     r["speedup"] = r["tok_s"] / results["plain"][str(b)]["tok_s"]
+                    if str(b) in results.get("plain-c8", {}):  # against plain's best: continuous decode
+                        r["speedup_vs_plain_c8"] = r["tok_s"] / results["plain-c8"][str(b)]["tok_s"]
                 results[name][str(b)] = r
                 print(
                     f"{name:>14} b={b:<3} {r['tok_s']:8.0f} tok/s  accept {r['accept_length']:.2f}  "

@@ -34,6 +34,9 @@ class ScheduledBatch:
     # Speculative decode step: one SpecRow per request (already drafted), slots of all tree nodes.
     spec_rows: list[Any] | None = None
     spec_slots: torch.Tensor | None = None
+    # Speculative window: greedy chain steps run on the device before the host reads them;
+    # spec_slots then holds each row's window slots, row after row (positions kv_len ..).
+    spec_window: int = 0
     # Plain decode step: [5, B] host tensor of each row's req_to_token row, its kv_len before the
     # step (the new token's position), the slot allocated for it, its seq_len and extend_len (1)
     # (write_decode_slots); saves gathering slots back out of the device-side req_to_token table.

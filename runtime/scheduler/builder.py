@@ -146,6 +146,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
             num_draft_tokens=args.speculative_num_draft_tokens,
             seed=args.random_seed,
             max_batch=min(max_running, args.cuda_graph_max_bs),
+            window_steps=args.num_continuous_decode_steps,
         )
     future_map = FutureMap(4 * max_running + 8, device=runner.device)
     worker = OverlapWorker(runner, future_map) if cfg.overlap else InlineWorker(runner, future_map)

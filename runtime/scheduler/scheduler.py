@@ -372,7 +372,7 @@ class Scheduler:
 
     def _schedule_decode(self) -> ScheduledBatch | None:
         if self.spec is not None and self._all_spec_eligible():
-            return self._schedule_spec_decode()
+            return self._schedule_spec_window() or self._schedule_spec_decode()
         if self.cfg.decode_steps > 1:
             live = [r for r in self.running if r.wants_token]
             steps = self._continuous_steps(live)
@@ -436,6 +436,42 @@ class Scheduler:
             for r in self.running if not r.finished
         )  # fmt: skip
 
+    def _schedule_spec_window(self) -> ScheduledBatch | None:
+        """Greedy EAGLE chain steps run on the device back to back (``--num-continuous-decode-steps``
+        of them, see :mod:`phloem.runtime.speculative.window`), under the conditions of continuous
+        decode: nothing waits to be admitted, every row can take tokens unseen and is greedy, no
+        row's ``max_new_tokens`` ends before the last step, and every row's slots for the window
+        are free now. Otherwise None (one speculative step at a time)."""
+        window = self.spec.window
+        steps = min(self.cfg.decode_steps, window.max_steps) if window is not None else 1
+        if steps <= 1 or self.waiting or self.chunked is not None or self.jumped:
+            return None
+        if self.grammar is not None and self.grammar.pending:
+            return None
+        reqs = [r for r in self.running if r.wants_token]
+        if not reqs or not window.fits(len(reqs)):
+            return None
+        for req in reqs:
+            if not decodes_ahead(req) or not self.spec.sampling_of(req.params).greedy:
+                return None
+            steps = min(steps, req.remaining_new_tokens)
+        width = self.req_pool.req_to_token.shape[1]
+        while steps >= 1 and (
+            self.cache.available_size < len(reqs) * window.slots_per_row(steps)
+            or max(r.kv_len for r in reqs) + window.slots_per_row(steps) > width
+        ):
+            steps //= 2
+        if steps < 1:
+            return None
+        span = window.slots_per_row(steps)
+        slots = self.cache.alloc(len(reqs) * span)
+        if slots is None:
+            raise RuntimeError("KV pool accounting error: no slots for a speculative window")
+        write_decode_slots(self.req_pool.req_to_token, reqs, slots, span)
+        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, spec_slots=slots, spec_window=steps)
+        self.stats.spec_window_steps += steps
+        return self._decode_batch(batch, extend=0)  # kv_len advances once the tokens are read
+
     def _schedule_spec_decode(self) -> ScheduledBatch | None:
         """Drafts first, then one allocation for every tree node of the step; rejected nodes'
         slots come back right after the verify pass (``_process_spec``)."""
@@ -480,6 +516,8 @@ class Scheduler:
         return self.grammar.fill_mask(batch.reqs), None
 
     def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[Any]:
+        if batch.spec_window:
+            return self._launch_spec_window(batch)
         if batch.spec_rows is not None:
             return self._launch_spec(batch)
         future_ids = self.worker.future_map.reserve(len(batch.reqs))
@@ -519,9 +557,29 @@ class Scheduler:
             req.pending_outputs += 1
         return fut
 
+    def _launch_spec_window(self, batch: ScheduledBatch) -> Future[Any]:
+        """The window's steps run here, in line; their tokens are read back once at its end."""
+        from phloem.runtime.speculative.window import WindowRow
+
+        rows = [
+            WindowRow(r.req_pool_idx, r.kv_len, r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1])
+            for r in batch.reqs
+        ]
+        fut: Future[Any] = Future()
+        try:
+            fut.set_result(self.spec.run_window(rows, batch.spec_window))
+        except BaseException as e:  # surfaced to the loop like a failed forward
+            fut.set_exception(e)
+        for req in batch.reqs:
+            req.pending_outputs += 1
+        return fut
+
     # ================================================================== process
     def _process_oldest(self) -> None:
         batch, fut = self.inflight.popleft()
+        if batch.spec_window:
+            self._process_spec_window(batch, fut.result())
+            return
         if batch.spec_rows is not None:
             self._process_spec(batch, fut.result())
             return
@@ -625,6 +683,43 @@ class Scheduler:
         self._drop_finished_running()
         self.outputs.flush()
         self._tokens_since_log += sum(len(r.tokens) for r in results)
+        if self._decode_steps % self.cfg.log_interval == 0:
+            self._log_decode()
+
+    def _process_spec_window(self, batch: ScheduledBatch, result: Any) -> None:
+        """Each row's tokens from every step of a window: ``kv_len`` advances by all of them and
+        the window slots past it are freed (before any deferred release, which frees the row's
+        first ``kv_len``); stops are checked over the tokens in order and what follows a stop is
+        dropped, as in continuous decode."""
+        assert batch.spec_slots is not None
+        span = batch.spec_slots.numel() // len(batch.reqs)
+        spare = []
+        for r, req in enumerate(batch.reqs):
+            total = result.total(r)
+            spare.append(batch.spec_slots[r * span + total : (r + 1) * span])
+            req.kv_len = batch.prefix_lens[r] + total
+        self.cache.free_slots(torch.cat(spare))
+        self._release_deferred()
+        kept = 0
+        for r, req in enumerate(batch.reqs):
+            req.pending_outputs -= 1
+            if req.finished:
+                continue
+            per_step = result.tokens[r]
+            before = len(req.output_ids)
+            self._append_tokens(req, [t for step in per_step for t in step])
+            new = len(req.output_ids) - before
+            used, seen = 0, 0  # steps whose tokens were kept, for the request's accept length
+            while seen < new and used < len(per_step):
+                seen += len(per_step[used])
+                used += 1
+            req.spec_verify_ct += max(used, 1)
+            req.spec_accepted_tokens += new
+            req.spec_draft_budget += (self.spec.max_tree - 1) * max(used, 1)
+            kept += new
+        self._drop_finished_running()
+        self.outputs.flush()
+        self._tokens_since_log += kept
         if self._decode_steps % self.cfg.log_interval == 0:
             self._log_decode()
 
@@ -920,6 +1015,7 @@ class Scheduler:
             "new_token_ratio": self.ratio.value,
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
+            "spec_window_steps_total": s.spec_window_steps,
             **self.cache.tier_stats(),
         }
 
@@ -964,6 +1060,7 @@ class SchedulerCounters:
     gen_throughput: float = 0.0
     jump_forward_tokens: int = 0
     continuous_decode_steps: int = 0  # decode steps run inside continuous decode batches
+    spec_window_steps: int = 0  # speculative steps run inside windows (several per host sync)
 
 
 def _too_big() -> FinishReason:

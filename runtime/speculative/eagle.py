@@ -657,12 +657,15 @@ class EagleDraftWorker:
         self.offset.pop(seq, None)
 
     # ---- drafting -----------------------------------------------------------------------------
+    def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Float32 logits over the draft vocabulary after features ``g`` ``[..., H]``."""
+        w = self.lm_weight
+        return (weight_major_linear(g, w) if use_weight_major(g, w) else F.linear(g, w)).float()
+
     def _top(self, g: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The ``k`` best draft tokens after features ``g`` ``[..., H]``: their log probabilities
         and draft-vocabulary indices, ``[..., k]`` each, best first."""
-        w = self.lm_weight
-        logits = weight_major_linear(g, w) if use_weight_major(g, w) else F.linear(g, w)
-        logits = logits.float()  # [..., Vd]
+        logits = self.draft_logits(g)
         top, idx = _topk(logits, k)
         return top - torch.logsumexp(logits, dim=-1, keepdim=True), idx
 

@@ -14,6 +14,7 @@ beyond the plain values passed in, and never allocates KV itself.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +25,8 @@ from phloem.runtime.speculative.tree import DraftTree
 from phloem.runtime.speculative.verify import GREEDY, SpecSampling, TreeVerifier, VerifyRequest, VerifyResult
 
 __all__ = ["SpecRow", "SpeculativeStep", "build_speculative_step"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -67,6 +70,7 @@ class SpeculativeStep:
         self.needs_hidden = isinstance(drafter, EagleDrafter)
         self.needs_context = not self.needs_hidden  # EAGLE drafts from its own cache and the newest token
         self.draft_ahead = True  # hint the drafter after each verify (off: benchmarks' A/B only)
+        self.window: Any = None  # window.ChainWindow: several greedy chain steps per host sync
         self.verify_count = 0
         self.accepted_tokens = 0
         self._prefill: dict[int, tuple[int, list[torch.Tensor]]] = {}  # row -> (start, hidden chunks)
@@ -161,6 +165,15 @@ class SpeculativeStep:
         self.accepted_tokens += sum(res.accept_length for res in results)
         return results
 
+    def run_window(self, rows: list[Any], steps: int) -> Any:
+        """``steps`` greedy chain steps of ``rows`` (``window.WindowRow``) on the device, read back
+        once (:class:`~phloem.runtime.speculative.window.ChainWindow`)."""
+        assert self.window is not None
+        result = self.window.run(rows, steps)
+        self.verify_count += steps * len(rows)
+        self.accepted_tokens += sum(result.total(i) for i in range(len(rows)))
+        return result
+
     def release(self, row: int) -> None:
         self._prefill.pop(row, None)
         self.drafter.release(row)
@@ -188,9 +201,12 @@ def build_speculative_step(
     num_draft_tokens: int = 4,
     seed: int = 0,
     max_batch: int = 0,
+    window_steps: int = 1,
 ) -> SpeculativeStep:
     """From ``EngineArgs.speculative_*``: ``EAGLE`` (the shipped head by default) or ``NGRAM``;
-    ``max_batch``: the most requests one verify pass holds (the verify graphs' largest size)."""
+    ``max_batch``: the most requests one verify pass holds (the verify graphs' largest size);
+    ``window_steps > 1`` (``--num-continuous-decode-steps``): greedy EAGLE chains run that many
+    steps on the device per host sync."""
     name = algorithm.upper()
     if name == "NGRAM":
         from phloem.runtime.speculative.ngram import NgramProposer
@@ -206,9 +222,18 @@ def build_speculative_step(
         head = load_eagle_head(draft_model_path or DEFAULT_EAGLE_HEAD)
         worker = EagleDraftWorker.for_runner(head, runner, num_steps=num_steps, topk=topk,
                                              num_draft_tokens=num_draft_tokens)  # fmt: skip
-        if runner.device.type == "cuda" and runner.cuda_graphs is not None and max_batch > 0:
+        graphs = runner.device.type == "cuda" and runner.cuda_graphs is not None
+        if graphs and max_batch > 0:
             worker.use_graphs(max_batch)  # draft and catch-up as CUDA graphs, captured on first use
-        return SpeculativeStep(
+        step = SpeculativeStep(
             runner, EagleDrafter(worker), max_tree=worker.num_draft_tokens, seed=seed, max_batch=max_batch
         )
+        if window_steps > 1 and topk == 1 and worker.num_draft_tokens > 1:
+            from phloem.runtime.speculative.window import ChainWindow
+
+            step.window = ChainWindow(runner, worker, max_bs=max(1, max_batch), max_steps=window_steps,
+                                      capture=graphs)  # fmt: skip
+        elif window_steps > 1:
+            logger.info("speculative windows draft chains (--speculative-eagle-topk 1); trees take one step per sync")
+        return step
     raise ValueError(f"unknown speculative algorithm {algorithm!r}; expected EAGLE or NGRAM")

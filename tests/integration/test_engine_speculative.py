@@ -67,3 +67,24 @@ def test_speculative_greedy_equals_target_greedy(reference, algo):
         assert max(m["spec_accept_length"] for m in metas) > 1.0  # some drafts were accepted
         assert all(0.0 <= m["spec_accept_rate"] <= 1.0 for m in metas)
         assert eng.flush_cache()
+
+
+FREE = [i for i in range(len(PROMPTS)) if i not in CONSTRAINED]
+
+
+def test_speculative_windows_equal_target_greedy(reference):
+    """``num_continuous_decode_steps=4`` with the default EAGLE chain: greedy rows run windows of
+    four speculative steps on the device per host sync (constrained rows keep single steps, and
+    hold the whole batch to them while they run); stop strings cut outputs inside a window."""
+    with Engine(speculative_algorithm="EAGLE", num_continuous_decode_steps=4, log_level="warning") as eng:
+        mixed = eng.generate(PROMPTS, sampling_params=PARAMS)
+        free = eng.generate([PROMPTS[i] for i in FREE], sampling_params=[PARAMS[i] for i in FREE])
+        windows = eng.get_server_info()["live"]["spec_window_steps_total"]
+        single = eng.generate(PROMPTS[5], sampling_params=GREEDY)
+    for got, want in zip([*mixed, *free, single], [*reference, *(reference[i] for i in FREE), reference[5]]):
+        assert got["output_ids"] == want["output_ids"]
+        assert got["text"] == want["text"]
+        assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    assert windows > 0
+    assert single["meta_info"]["spec_accept_length"] > 1.5  # a repetitive prompt: long chains accepted
+    assert all(o["meta_info"].get("spec_verify_ct", 0) > 0 for o in free if o["meta_info"]["completion_tokens"] > 2)

@@ -1,0 +1,285 @@
+"""Several greedy EAGLE chain steps on the device, read back once (DESIGN.md §5, §7).
+
+A host-driven speculative step waits on the GPU twice: to read the drafts, and to read what the
+verify pass accepted before it can commit and catch the drafter up. At batch 1 on a fast GPU the
+host's share of a step is larger than the GPU's. For a chain drafter (``topk == 1``) and greedy
+rows, nothing in a step needs the host once its state is on the device::
+
+    state [7, B] int64:  req row | kv_len | newest token (root) | draft-cache row | draft length
+                         | draft position offset | real row (1) or padding (0)
+    step:  draft     D tokens from the root: the head over its own cache, one level per token
+           verify    the target over [root, d1 .. dD] at positions kv_len .. kv_len + D, causal;
+                     each position's slot is read from req_to_token
+           accept    a = 1 + the drafts that equal the target's argmax before the first miss;
+                     record the D + 1 argmaxes and a
+           catch-up  the head over the a accepted tokens, with the target's features
+           advance   kv_len and draft length += a; root = the a-th argmax (the bonus token)
+
+Why slots by position work: a chain's node at depth d sits at position kv_len + d, and what a
+verify accepts is a prefix of the chain, so the accepted K/V is already where it belongs. The
+committing is the length update; a rejected node's position is written again by the next step,
+into the same slot. The scheduler gives each row ``K * (D + 1)`` fresh slots at positions
+``kv_len ..`` before a window of ``K`` steps (no step can write past them) and frees those past the
+final ``kv_len`` after it.
+
+The step is one CUDA graph per (padded batch, draft key width), replayed ``K`` times back to back;
+the host then reads ``[K, B, D + 1]`` tokens and ``[K, B]`` accept lengths in one copy. Tokens a
+row produces after its stop are computed and dropped by the scheduler. Off CUDA the same step runs
+eagerly (how the CPU tests pin it).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from phloem.runtime.cache.kv_pool import PADDING_SLOT
+from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
+from phloem.runtime.speculative.draft_graph import SCRATCH_SEQ
+from phloem.runtime.speculative.eagle import EagleDraftWorker, _attend_batch
+from phloem.runtime.speculative.verify_graph import TreeVerifyBackend
+
+__all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept"]
+
+logger = logging.getLogger(__name__)
+
+_MIN_WIDTH = 64
+_FIELDS = 7  # rows of the state tensor (module docstring)
+
+
+@dataclass
+class WindowRow:
+    """One request of a window (plain values from the scheduler's ``Req``)."""
+
+    seq: int  # req_pool_idx: the target's req_to_token row and the drafter's key
+    kv_len: int  # tokens with KV; ``root`` (the newest token) has none yet
+    root: int
+
+
+@dataclass
+class WindowResult:
+    """Per row, the tokens of each step (``accept`` of them, the bonus last)."""
+
+    tokens: list[list[list[int]]]  # [row][step] -> that step's accepted tokens
+
+    def total(self, row: int) -> int:
+        return sum(len(t) for t in self.tokens[row])
+
+
+def chain_accept(drafts: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Greedy acceptance of chains: ``drafts`` ``[B, D]``, the target's argmax at every node
+    ``[B, D + 1]`` -> tokens gained ``[B]``: 1 + the drafts before the first that differs from the
+    target's choice at its parent."""
+    return 1 + (drafts == target[:, :-1]).long().cumprod(dim=1).sum(dim=1)
+
+
+class _Graph:
+    """The step for one (padded batch, key width): its static state and outputs, and the graph."""
+
+    def __init__(self, bs: int, steps: int, nodes: int, device: torch.device) -> None:
+        self.state = torch.zeros((_FIELDS, bs), dtype=torch.int64, device=device)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self.tokens = torch.zeros((steps, bs, nodes), dtype=torch.int64, device=device)
+        self.accept = torch.zeros((steps, bs), dtype=torch.int64, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+
+class ChainWindow:
+    """Greedy EAGLE chain steps of up to ``max_bs`` rows, ``max_steps`` per window.
+
+    Parameters
+    ----------
+    runner:
+        The target model runner (its model, KV pool and req_to_token table).
+    worker:
+        The chain draft worker (``topk == 1``).
+    capture:
+        Capture CUDA graphs (on CUDA only); otherwise run the step eagerly.
+    """
+
+    def __init__(self, runner: Any, worker: EagleDraftWorker, *, max_bs: int, max_steps: int,
+                 capture: bool = True) -> None:  # fmt: skip
+        if worker.topk != 1:
+            raise ValueError("a speculative window drafts chains: --speculative-eagle-topk must be 1")
+        self.model = runner.model
+        self.table = runner.req_to_token_pool.req_to_token
+        self.worker = worker
+        self.depth = worker.num_draft_tokens - 1  # D drafts per step
+        self.nodes = self.depth + 1
+        self.max_steps = max_steps
+        self.device = worker.device
+        self.batch_sizes = capture_batch_sizes(max(1, max_bs))
+        self.capture = capture and self.device.type == "cuda"
+        self.attn = TreeVerifyBackend(
+            runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
+        )
+        worker.cache.ensure(rows=self.batch_sizes[-1] + 1, length=_MIN_WIDTH)
+        (self.pad_row,) = worker.cache.reserve([SCRATCH_SEQ], [1])
+        self.arange = torch.arange(self.nodes, device=self.device)
+        chain = torch.ones(self.nodes, self.nodes, dtype=torch.int8, device=self.device).tril()
+        self.chain_mask = chain.expand(self.batch_sizes[-1], -1, -1).contiguous()  # [max_bs, n, n]
+        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.pool: Any = None
+        self._storage = self._storage_key()
+        self.captured = 0
+        self.capture_seconds = 0.0
+        self.windows = 0  # windows run so far
+        self.steps = 0  # speculative steps run inside them
+
+    # ---- host side ------------------------------------------------------------------------------
+    def fits(self, num_rows: int) -> bool:
+        return num_rows <= self.batch_sizes[-1]
+
+    def slots_per_row(self, steps: int) -> int:
+        """Fresh slots a row needs for a window of ``steps``, at positions ``kv_len ..``."""
+        return steps * self.nodes
+
+    @torch.inference_mode()
+    def run(self, rows: Sequence[WindowRow], steps: int) -> WindowResult:
+        """Run ``steps`` steps for ``rows``; ``req_to_token[seq, kv_len : kv_len +
+        slots_per_row(steps)]`` must hold fresh slots. Advances the drafter's cache lengths."""
+        if not 1 <= steps <= self.max_steps or not rows or not self.fits(len(rows)):
+            raise ValueError(f"a window of {len(rows)} rows x {steps} steps is out of range")
+        w = self.worker
+        seqs = [r.seq for r in rows]
+        w._ahead = None  # trees drafted ahead are stale once the window moves the cache
+        bs = next(s for s in self.batch_sizes if s >= len(rows))
+        lens = [w.cache.lens[s] for s in seqs]
+        width = max(_MIN_WIDTH, 1 << (max(lens) + steps * self.nodes).bit_length())
+        w.cache.ensure(rows=0, length=width)
+        host = self._host_state(rows, seqs, lens, bs)
+        g = self._graph(bs, width, host)
+        g.state.copy_(host, non_blocking=True)
+        g.counter.zero_()
+        for _ in range(steps):
+            if g.graph is not None:
+                g.graph.replay()
+            else:
+                self._step(g, width)
+        out = torch.cat([g.tokens[:steps].flatten(), g.accept[:steps].flatten()]).cpu().tolist()
+        n = steps * bs * self.nodes
+        tokens, accept = out[:n], out[n:]
+        result: list[list[list[int]]] = []
+        for b, seq in enumerate(seqs):
+            per_step = []
+            for k in range(steps):
+                at = (k * bs + b) * self.nodes
+                per_step.append(tokens[at : at + accept[k * bs + b]])
+            result.append(per_step)
+            w.cache.lens[seq] += sum(len(t) for t in per_step)
+        self.windows += 1
+        self.steps += steps
+        return WindowResult(result)
+
+    def _host_state(
+        self, rows: Sequence[WindowRow], seqs: list[int], lens: list[int], bs: int
+    ) -> torch.Tensor:
+        w, pad = self.worker, bs - len(rows)
+        cols = [
+            [r.seq for r in rows] + [0] * pad,
+            [r.kv_len for r in rows] + [0] * pad,
+            [r.root for r in rows] + [0] * pad,
+            [w.cache.row[s] for s in seqs] + [self.pad_row] * pad,
+            lens + [1] * pad,
+            [w.offset.get(s, 0) for s in seqs] + [0] * pad,
+            [1] * len(rows) + [0] * pad,
+        ]
+        return (
+            torch.tensor(cols, dtype=torch.int64).pin_memory()
+            if self.device.type == "cuda"
+            else torch.tensor(cols)
+        )
+
+    def _storage_key(self) -> tuple[int, int, int]:
+        c = self.worker.cache
+        return c.k.data_ptr(), c.v.data_ptr(), c.features.data_ptr()
+
+    def _graph(self, bs: int, width: int, host: torch.Tensor) -> _Graph:
+        if self._storage_key() != self._storage:  # the draft cache grew: graphs point at freed storage
+            if self.capture:
+                torch.cuda.synchronize(self.device)
+            self.graphs.clear()
+            self.pool = None
+            self._storage = self._storage_key()
+        g = self.graphs.get((bs, width))
+        if g is None:
+            g = self.graphs[(bs, width)] = _Graph(bs, self.max_steps, self.nodes, self.device)
+            if self.capture:
+                self._capture(g, bs, width, host)
+        return g
+
+    def _capture(self, g: _Graph, bs: int, width: int, host: torch.Tensor) -> None:
+        """Capture the step on the window's real first state: the warm-up runs start from it
+        (restored before each, so they write only where the window's first step writes, and the
+        window's own first step writes the same values again)."""
+        start = time.perf_counter()
+
+        def run(_: int) -> None:
+            if not torch.cuda.is_current_stream_capturing():
+                g.state.copy_(host.to(self.device))
+                g.counter.zero_()
+            self._step(g, width)
+
+        graphs, _, self.pool = capture_graphs([bs], run, self.device, pool=self.pool)
+        g.graph = graphs[bs]
+        self.captured += 1
+        self.capture_seconds += time.perf_counter() - start
+        logger.info("captured the speculative window step for batch %d, key width %d in %.3f s",
+                    bs, width, time.perf_counter() - start)  # fmt: skip
+
+    # ---- device side (a CUDA graph captures it) --------------------------------------------------
+    def _step(self, g: _Graph, width: int) -> None:
+        rows, kv_len, root, drows, dlen, offset, real = g.state.unbind(0)
+        bs, n = rows.shape[0], self.nodes
+        drafts = self._draft_chain(drows, dlen, offset, width)  # [B, D]
+        ids = torch.cat([root[:, None], drafts], dim=1)  # [B, n]
+        positions = kv_len[:, None] + self.arange  # [B, n]
+        slots = torch.where(real[:, None].bool(), self.table[rows[:, None], positions], PADDING_SLOT)
+        self.attn.bind(rows, kv_len, slots.flatten(), self.chain_mask[:bs])
+        hidden = self.model(ids.flatten(), positions.flatten(), self.attn)  # [B * n, H]
+        target = self.model.compute_logits(hidden).argmax(dim=-1).view(bs, n)
+        accept = chain_accept(drafts, target)
+        g.tokens.index_copy_(0, g.counter, target[None])
+        g.accept.index_copy_(0, g.counter, accept[None])
+        g.counter.add_(1)
+        # catch-up: the head over the accepted tokens (queries past ``accept`` are padding: they
+        # write draft K/V past the row's new length, which the next catch-up writes again)
+        draft_pos = dlen[:, None] + self.arange
+        self.worker._extend_core(target, offset[:, None] + draft_pos, draft_pos, drows, accept - 1,
+                                 hidden.view(bs, n, -1), width)  # fmt: skip
+        advance = accept * real
+        kv_len.add_(advance)
+        dlen.add_(advance)
+        root.copy_(target.gather(1, (accept - 1)[:, None])[:, 0])
+
+    def _draft_chain(
+        self, drows: torch.Tensor, dlen: torch.Tensor, offset: torch.Tensor, width: int
+    ) -> torch.Tensor:
+        """``D`` greedy draft tokens per row (target vocabulary), the chain
+        :meth:`EagleDraftWorker._grow_core` grows with ``topk == 1`` without its scores: level
+        ``l`` writes its K/V at key ``width + l - 1`` and sees the committed keys and its own
+        path."""
+        w, b, depth = self.worker, drows.shape[0], self.depth
+        g = w.cache.features[drows]  # [B, H]
+        keys = w._gather_heads(w.cache.k, drows, width, depth - 1)  # [B, Hq, W + D - 1, D]
+        values = w._gather_heads(w.cache.v, drows, width, depth - 1)
+        path = torch.ones(depth - 1, depth - 1, dtype=torch.bool, device=drows.device).tril()
+        committed = torch.arange(width, device=drows.device) < dlen[:, None]  # [B, W]
+        root_pos = offset + dlen - 1
+        token = w.token_map[w.draft_logits(g).max(dim=-1).indices]  # [B]
+        out = [token]
+        for level in range(1, depth):
+            x, q, k, v = w.head.project(F.embedding(token[:, None], w.embed_weight), g[:, None],
+                                        (root_pos + level)[:, None])  # fmt: skip
+            keys[:, :, width + level - 1 : width + level] = w._heads(k)
+            values[:, :, width + level - 1 : width + level] = w._heads(v)
+            mask = torch.cat([committed, path[level - 1].expand(b, -1)], dim=-1)[:, None]  # [B, 1, W + D - 1]
+            g = w.head.finish(x, _attend_batch(q, keys, values, mask))[:, 0]  # [B, H]
+            token = w.token_map[w.draft_logits(g).max(dim=-1).indices]
+            out.append(token)
+        return torch.stack(out, dim=1)
