@@ -10,7 +10,9 @@ Node ``i`` of request ``b`` attends ``req_to_token[req_pool_indices[b], 0 : pref
 request's cached tokens) and then the nodes its mask row allows. One program per (request, query
 head) walks the cached keys in blocks with an online softmax, then the tree's keys as one last
 block. Grid and shapes depend on ``B``, ``N`` and the model only, so the launch is captured in the
-speculative verify graphs. :func:`tree_verify_reference` is the plain-torch oracle.
+speculative verify graphs. :func:`tree_verify_reference` is the plain-torch oracle. On Hopper it
+takes part in programmatic dependent launch (:mod:`phloem.runtime.layers.pdl`), as the decode
+kernels around it in a verify pass do.
 
 fp8 pools follow ``triton_kernels``: ``k_scale`` folds into the softmax scale, ``v_scale`` into
 the final normalisation.
@@ -23,6 +25,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 from phloem.runtime.attention.triton_kernels import _attend_block
+from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = ["tree_verify_attention", "tree_verify_reference"]
 
@@ -35,8 +38,10 @@ def _tree_verify_kernel(
     stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
     sm_scale, k_scale, v_scale,
     NODES: tl.constexpr, GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FP32_DOT: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_trigger(PDL)
+    pdl_wait(PDL)  # everything this kernel reads (q, the pool, the tables) earlier kernels write
     b = tl.program_id(0)
     head = tl.program_id(1)
     kv_head = head // GROUP
@@ -113,6 +118,7 @@ def tree_verify_attention(
     block_n = 32 if (fp32 or block_d > 64) else 64
     if tree_mask.dtype == torch.bool:
         tree_mask = tree_mask.view(torch.int8)  # same bytes; Triton loads int8 more plainly than i1
+    pdl = pdl_enabled(q.device)
     _tree_verify_kernel[(batch, num_q_heads)](
         q, k_buf, v_buf, out,
         req_to_token, req_pool_indices, prefix_lens, node_slots, tree_mask,
@@ -120,7 +126,7 @@ def tree_verify_attention(
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         sm_scale, k_scale, v_scale,
         NODES=nodes, GROUP=group, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=fp32,
+        BLOCK_M=block_m, BLOCK_N=block_n, FP32_DOT=fp32, PDL=pdl, **launch_kwargs(pdl),
     )  # fmt: skip
     return out
 

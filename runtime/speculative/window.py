@@ -265,21 +265,33 @@ class ChainWindow:
         ``l`` writes its K/V at key ``width + l - 1`` and sees the committed keys and its own
         path."""
         w, b, depth = self.worker, drows.shape[0], self.depth
+        # the path's keys after the committed ones, padded to a multiple of 16 keys: an aligned
+        # mask spares the fused attention kernel a padded copy per call (the padding is masked)
+        extra = -(-(depth - 1) // 16) * 16
         g = w.cache.features[drows]  # [B, H]
-        keys = w._gather_heads(w.cache.k, drows, width, depth - 1)  # [B, Hq, W + D - 1, D]
-        values = w._gather_heads(w.cache.v, drows, width, depth - 1)
-        path = torch.ones(depth - 1, depth - 1, dtype=torch.bool, device=drows.device).tril()
+        keys = w._gather_heads(w.cache.k, drows, width, extra)  # [B, Hq, W + extra, D]
+        values = w._gather_heads(w.cache.v, drows, width, extra)
+        path = torch.ones(depth - 1, extra, dtype=torch.bool, device=drows.device).tril()
         committed = torch.arange(width, device=drows.device) < dlen[:, None]  # [B, W]
         root_pos = offset + dlen - 1
-        token = w.token_map[w.draft_logits(g).max(dim=-1).indices]  # [B]
+        token = w.token_map[self._draft_argmax(g)]  # [B]
         out = [token]
         for level in range(1, depth):
             x, q, k, v = w.head.project(F.embedding(token[:, None], w.embed_weight), g[:, None],
                                         (root_pos + level)[:, None])  # fmt: skip
             keys[:, :, width + level - 1 : width + level] = w._heads(k)
             values[:, :, width + level - 1 : width + level] = w._heads(v)
-            mask = torch.cat([committed, path[level - 1].expand(b, -1)], dim=-1)[:, None]  # [B, 1, W + D - 1]
+            mask = torch.cat([committed, path[level - 1].expand(b, -1)], dim=-1)[:, None]  # [B, 1, W + extra]
             g = w.head.finish(x, _attend_batch(q, keys, values, mask))[:, 0]  # [B, H]
-            token = w.token_map[w.draft_logits(g).max(dim=-1).indices]
+            token = w.token_map[self._draft_argmax(g)]
             out.append(token)
         return torch.stack(out, dim=1)
+
+    def _draft_argmax(self, g: torch.Tensor) -> torch.Tensor:
+        """The best draft-vocabulary index after features ``g`` ``[B, H]``: the max of
+        :meth:`EagleDraftWorker.draft_logits` (a 16-bit max equals the max of its exact float32
+        cast, so the copy to float32 is skipped on CUDA)."""
+        w = self.worker
+        if g.is_cuda:
+            return F.linear(g, w.lm_weight).max(dim=-1).indices
+        return w.draft_logits(g).max(dim=-1).indices

@@ -360,3 +360,16 @@ def test_window_graphs_equal_the_eager_window_on_cuda():
         assert window.captured >= 1 and all(g.graph is not None for g in window.graphs.values())
         for p, o in zip(prompts, graphs):
             assert o == plain.generate_greedy(p, len(o))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_rope_table_gives_the_computed_tables_on_cuda(runner):
+    head = random_worker(runner, seed=2).head.cuda()
+    positions = torch.randint(0, 4000, (3, 5), generator=torch.Generator().manual_seed(0)).cuda()
+    with torch.inference_mode():
+        want = head.rope(positions)
+        head.cache_rope(4096)
+        got = head.rope(positions)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    assert got[0].shape == want[0].shape == (3, 5, 1, head.cfg.head_dim // 2)
