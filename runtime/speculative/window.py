@@ -121,6 +121,15 @@ class ChainWindow:
         worker.cache.ensure(rows=self.batch_sizes[-1] + 1, length=_MIN_WIDTH)
         (self.pad_row,) = worker.cache.reserve([SCRATCH_SEQ], [1])
         self.arange = torch.arange(self.nodes, device=self.device)
+        # the chain draft's attention bias (module docstring of _draft_chain): key positions, and
+        # per level the path keys it sees, padded to 16 keys; 0 / -inf in the head's dtype
+        dtype = worker.embed_weight.dtype
+        self.extra = -(-max(self.depth - 1, 1) // 16) * 16
+        self.key_index = torch.arange(_MIN_WIDTH, device=self.device)
+        self.zero = torch.zeros((), dtype=dtype, device=self.device)
+        self.ninf = torch.full((), float("-inf"), dtype=dtype, device=self.device)
+        path = torch.ones(max(self.depth - 1, 1), self.extra, dtype=torch.bool, device=self.device).tril()
+        self.path_bias = torch.where(path, self.zero, self.ninf)  # [D - 1, extra]
         chain = torch.ones(self.nodes, self.nodes, dtype=torch.int8, device=self.device).tril()
         self.chain_mask = chain.expand(self.batch_sizes[-1], -1, -1).contiguous()  # [max_bs, n, n]
         self.graphs: dict[tuple[int, int], _Graph] = {}
@@ -152,6 +161,8 @@ class ChainWindow:
         lens = [w.cache.lens[s] for s in seqs]
         width = max(_MIN_WIDTH, 1 << (max(lens) + steps * self.nodes).bit_length())
         w.cache.ensure(rows=0, length=width)
+        if self.key_index.numel() < width:
+            self.key_index = torch.arange(width, device=self.device)
         host = self._host_state(rows, seqs, lens, bs)
         g = self._graph(bs, width, host)
         g.state.copy_(host, non_blocking=True)
@@ -242,7 +253,7 @@ class ChainWindow:
         slots = torch.where(real[:, None].bool(), self.table[rows[:, None], positions], PADDING_SLOT)
         self.attn.bind(rows, kv_len, slots.flatten(), self.chain_mask[:bs])
         hidden = self.model(ids.flatten(), positions.flatten(), self.attn)  # [B * n, H]
-        target = self.model.compute_logits(hidden).argmax(dim=-1).view(bs, n)
+        target = _argmax(self.model.compute_logits(hidden)).view(bs, n)
         accept = chain_accept(drafts, target)
         g.tokens.index_copy_(0, g.counter, target[None])
         g.accept.index_copy_(0, g.counter, accept[None])
@@ -263,16 +274,14 @@ class ChainWindow:
         """``D`` greedy draft tokens per row (target vocabulary), the chain
         :meth:`EagleDraftWorker._grow_core` grows with ``topk == 1`` without its scores: level
         ``l`` writes its K/V at key ``width + l - 1`` and sees the committed keys and its own
-        path."""
+        path. The path keys are padded to a multiple of 16 and the mask is an additive bias in the
+        head's dtype: the fused attention kernel then takes it as is (a boolean or unaligned mask
+        costs it a conversion and a padded copy per call)."""
         w, b, depth = self.worker, drows.shape[0], self.depth
-        # the path's keys after the committed ones, padded to a multiple of 16 keys: an aligned
-        # mask spares the fused attention kernel a padded copy per call (the padding is masked)
-        extra = -(-(depth - 1) // 16) * 16
         g = w.cache.features[drows]  # [B, H]
-        keys = w._gather_heads(w.cache.k, drows, width, extra)  # [B, Hq, W + extra, D]
-        values = w._gather_heads(w.cache.v, drows, width, extra)
-        path = torch.ones(depth - 1, extra, dtype=torch.bool, device=drows.device).tril()
-        committed = torch.arange(width, device=drows.device) < dlen[:, None]  # [B, W]
+        keys = w._gather_heads(w.cache.k, drows, width, self.extra)  # [B, Hq, W + extra, D]
+        values = w._gather_heads(w.cache.v, drows, width, self.extra)
+        committed = torch.where(self.key_index[:width] < dlen[:, None], self.zero, self.ninf)  # [B, W]
         root_pos = offset + dlen - 1
         token = w.token_map[self._draft_argmax(g)]  # [B]
         out = [token]
@@ -281,17 +290,27 @@ class ChainWindow:
                                         (root_pos + level)[:, None])  # fmt: skip
             keys[:, :, width + level - 1 : width + level] = w._heads(k)
             values[:, :, width + level - 1 : width + level] = w._heads(v)
-            mask = torch.cat([committed, path[level - 1].expand(b, -1)], dim=-1)[:, None]  # [B, 1, W + extra]
-            g = w.head.finish(x, _attend_batch(q, keys, values, mask))[:, 0]  # [B, H]
+            bias = torch.cat([committed, self.path_bias[level - 1].expand(b, -1)], dim=-1)[:, None]
+            g = w.head.finish(x, _attend_batch(q, keys, values, bias))[:, 0]  # [B, H]
             token = w.token_map[self._draft_argmax(g)]
             out.append(token)
         return torch.stack(out, dim=1)
 
     def _draft_argmax(self, g: torch.Tensor) -> torch.Tensor:
-        """The best draft-vocabulary index after features ``g`` ``[B, H]``: the max of
-        :meth:`EagleDraftWorker.draft_logits` (a 16-bit max equals the max of its exact float32
+        """The best draft-vocabulary index after features ``g`` ``[B, H]``: the argmax of
+        :meth:`EagleDraftWorker.draft_logits` (a 16-bit argmax equals that of its exact float32
         cast, so the copy to float32 is skipped on CUDA)."""
         w = self.worker
         if g.is_cuda:
-            return F.linear(g, w.lm_weight).max(dim=-1).indices
+            return _argmax(F.linear(g, w.lm_weight))
         return w.draft_logits(g).max(dim=-1).indices
+
+
+def _argmax(x: torch.Tensor) -> torch.Tensor:
+    """Row argmax of ``[B, V]`` (lowest index on ties): the two-launch Triton kernel on CUDA (in a
+    graph its launches cost the host nothing, and torch reduces a row in one thread block)."""
+    if x.is_cuda:
+        from phloem.runtime.sampling.argmax_triton import argmax_rows
+
+        return argmax_rows(x)
+    return x.argmax(dim=-1)
