@@ -169,6 +169,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
     s.drain()
     total = time.perf_counter() - t0
     tokens = sum(len(r.output_ids) for r in reqs) - start_tokens
+    in_order = [round(1e3 * w, 3) for w in walls]
     walls.sort()
     return {
         "steps": len(walls),
@@ -182,7 +183,18 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
         if clock is not None
         else None,
         "tokens_per_step": tokens / len(walls),
+        "step_wall_ms": in_order,
     }
+
+
+def _captures(s: Any) -> int:
+    """CUDA graphs captured on first use so far (EAGLE draft graphs and speculative windows)."""
+    spec = s.spec
+    if spec is None:
+        return 0
+    worker = getattr(spec.drafter, "worker", None)
+    draft = worker.graphs.captured if worker is not None and worker.graphs is not None else 0
+    return draft + (spec.window.captured if spec.window is not None else 0)
 
 
 def gpu_busy(trace_path: str) -> dict[str, Any]:
@@ -288,9 +300,11 @@ def main() -> None:
     window(reqs_for("warm"))
     s.flush_cache()  # the timed prompts prefill again (a cached prompt would start EAGLE's draft late)
 
+    graphs = _captures(s)
     result["timing"] = window(reqs_for("t"))
     if s.spec is not None:
         result["timing"]["accept_length"] = s.spec.mean_accept_length
+        result["timing"]["graphs_captured_in_window"] = _captures(s) - graphs
     print(json.dumps(result["timing"]), flush=True)
 
     if args.cprofile:

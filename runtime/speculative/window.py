@@ -49,6 +49,7 @@ __all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept"]
 logger = logging.getLogger(__name__)
 
 _MIN_WIDTH = 64
+_START_LENGTH = 1024  # draft cache positions reserved at start (keys of windows up to this width)
 _FIELDS = 7  # rows of the state tensor (module docstring)
 
 
@@ -118,7 +119,11 @@ class ChainWindow:
         self.attn = TreeVerifyBackend(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
-        worker.cache.ensure(rows=self.batch_sizes[-1] + 1, length=_MIN_WIDTH)
+        # room for the usual widths up front: a growth of the draft cache moves its storage, which
+        # drops every captured window (and draft) graph, to be captured again on next use
+        worker.cache.ensure(
+            rows=self.batch_sizes[-1] + 1, length=max(_MIN_WIDTH, min(runner.context_len, _START_LENGTH))
+        )
         (self.pad_row,) = worker.cache.reserve([SCRATCH_SEQ], [1])
         self.arange = torch.arange(self.nodes, device=self.device)
         # the chain draft's attention bias (module docstring of _draft_chain): key positions, and
