@@ -38,12 +38,16 @@ from phloem.runtime.host_copy import pack_to_device
 if TYPE_CHECKING:
     from phloem.runtime.speculative.eagle import EagleDraftWorker
 
-__all__ = ["SCRATCH_SEQ", "EagleGraphs"]
+__all__ = ["RESERVED_DRAFT_LENGTH", "SCRATCH_SEQ", "EagleGraphs"]
 
 logger = logging.getLogger(__name__)
 
 SCRATCH_SEQ = -1  # the draft cache's key of the scratch row (no scheduler row is negative)
 _MIN_WIDTH = 64
+# Draft-cache positions to reserve up front when serving: a growth of the cache moves its storage
+# and drops every captured graph (EAGLE passes and speculative windows), each to be captured again
+# on its next use, mid-run; reserving keeps the usual widths on one storage.
+RESERVED_DRAFT_LENGTH = 1024
 
 
 class _Pass:
@@ -72,14 +76,18 @@ class EagleGraphs:
         Largest batch handled; larger ones fall back to the worker's eager passes.
     capture:
         Capture CUDA graphs (on CUDA only); otherwise run the same padded passes eagerly.
+    reserve:
+        Draft-cache positions to hold from the start (serving: :data:`RESERVED_DRAFT_LENGTH`).
     """
 
-    def __init__(self, worker: EagleDraftWorker, *, max_bs: int, capture: bool = True) -> None:
+    def __init__(
+        self, worker: EagleDraftWorker, *, max_bs: int, capture: bool = True, reserve: int = 0
+    ) -> None:
         self.worker = worker
         self.batch_sizes = capture_batch_sizes(max(1, max_bs))
         self.m = worker.num_steps + 1
         self.capture = capture and worker.device.type == "cuda"
-        worker.cache.ensure(rows=self.batch_sizes[-1] + 1, length=_MIN_WIDTH)
+        worker.cache.ensure(rows=self.batch_sizes[-1] + 1, length=max(_MIN_WIDTH, reserve))
         (self.pad_row,) = worker.cache.reserve([SCRATCH_SEQ], [self.m])
         self.passes: dict[tuple[str, int, int], _Pass] = {}
         self.pool: Any = None

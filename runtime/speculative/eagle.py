@@ -509,13 +509,14 @@ class EagleDraftWorker:
     def device(self) -> torch.device:
         return self.embed_weight.device
 
-    def use_graphs(self, max_bs: int, *, capture: bool = True) -> None:
+    def use_graphs(self, max_bs: int, *, capture: bool = True, reserve: int = 0) -> None:
         """Run :meth:`draft_many` and :meth:`extend_many` of up to ``max_bs`` sequences through
         padded fixed-shape passes, captured as CUDA graphs (``capture=False``: the same padded
-        passes, eager; how the CPU tests pin them). See :mod:`.draft_graph`."""
+        passes, eager; how the CPU tests pin them); ``reserve``: draft-cache positions to hold
+        from the start. See :mod:`.draft_graph`."""
         from phloem.runtime.speculative.draft_graph import EagleGraphs
 
-        self.graphs = EagleGraphs(self, max_bs=max_bs, capture=capture)
+        self.graphs = EagleGraphs(self, max_bs=max_bs, capture=capture, reserve=reserve)
 
     def root_feature(self, seq: int) -> torch.Tensor:
         """``g`` at the sequence's newest draft position ``[H]`` (a view, valid until the next write)."""

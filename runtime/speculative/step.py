@@ -217,6 +217,7 @@ def build_speculative_step(
         )
     if name == "EAGLE":
         from phloem.runtime.speculative import DEFAULT_EAGLE_HEAD
+        from phloem.runtime.speculative.draft_graph import RESERVED_DRAFT_LENGTH
         from phloem.runtime.speculative.eagle import EagleDraftWorker, load_eagle_head
 
         head = load_eagle_head(draft_model_path or DEFAULT_EAGLE_HEAD)
@@ -224,7 +225,8 @@ def build_speculative_step(
                                              num_draft_tokens=num_draft_tokens)  # fmt: skip
         graphs = runner.device.type == "cuda" and runner.cuda_graphs is not None
         if graphs and max_batch > 0:
-            worker.use_graphs(max_batch)  # draft and catch-up as CUDA graphs, captured on first use
+            # draft and catch-up as CUDA graphs, captured on first use
+            worker.use_graphs(max_batch, reserve=min(runner.context_len, RESERVED_DRAFT_LENGTH))
         step = SpeculativeStep(
             runner, EagleDrafter(worker), max_tree=worker.num_draft_tokens, seed=seed, max_batch=max_batch
         )

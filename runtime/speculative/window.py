@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
-from phloem.runtime.speculative.draft_graph import SCRATCH_SEQ
+from phloem.runtime.speculative.draft_graph import RESERVED_DRAFT_LENGTH, SCRATCH_SEQ
 from phloem.runtime.speculative.eagle import EagleDraftWorker, _attend_batch
 from phloem.runtime.speculative.verify_graph import TreeVerifyBackend
 
@@ -49,7 +49,6 @@ __all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept"]
 logger = logging.getLogger(__name__)
 
 _MIN_WIDTH = 64
-_START_LENGTH = 1024  # draft cache positions reserved at start (keys of windows up to this width)
 _FIELDS = 7  # rows of the state tensor (module docstring)
 
 
@@ -119,10 +118,10 @@ class ChainWindow:
         self.attn = TreeVerifyBackend(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
-        # room for the usual widths up front: a growth of the draft cache moves its storage, which
-        # drops every captured window (and draft) graph, to be captured again on next use
+        # room for the usual widths up front (see RESERVED_DRAFT_LENGTH)
         worker.cache.ensure(
-            rows=self.batch_sizes[-1] + 1, length=max(_MIN_WIDTH, min(runner.context_len, _START_LENGTH))
+            rows=self.batch_sizes[-1] + 1,
+            length=max(_MIN_WIDTH, min(runner.context_len, RESERVED_DRAFT_LENGTH)),
         )
         (self.pad_row,) = worker.cache.reserve([SCRATCH_SEQ], [1])
         self.arange = torch.arange(self.nodes, device=self.device)

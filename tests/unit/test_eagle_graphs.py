@@ -215,3 +215,20 @@ def test_trees_drafted_ahead_are_the_trees_drafted_on_demand(runner):
     assert calls[-1] == [1, 6]
     same_trees(eager.draft_many([1, 2], [22, 24]), ahead.draft_many([1, 2], [22, 24]))
     assert calls[-1] == [1, 2]  # nothing left ahead
+
+
+def test_a_reserved_cache_keeps_its_storage_and_passes(runner):
+    """``reserve`` (serving: ``RESERVED_DRAFT_LENGTH``): catch-ups up to that length move no
+    storage, so no pass is dropped (a drop on CUDA means a capture again, mid-run)."""
+    _, padded = twins(runner, seed=8, num_steps=3, topk=1, num_draft_tokens=4)
+    padded.use_graphs(8, capture=False, reserve=256)
+    start(padded, [0, 1], [5, 9])
+    storage = padded.graphs._storage
+    roots = [3, 4]
+    for step in range(40):  # lengths grow past 64 and 128
+        padded.draft_many([0, 1], roots)
+        tokens, feats = catch_up_inputs(padded, [4, 3], seed=step)
+        padded.extend_many([0, 1], tokens, feats)
+        roots = [t[-1] for t in tokens]
+    assert padded.cache.lens[0] > 128 and padded.graphs._storage == storage
+    assert {k[2] for k in padded.graphs.passes} >= {64, 128, 256}
