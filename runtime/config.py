@@ -73,7 +73,7 @@ class EngineArgs:
     disable_overlap_schedule: bool = _opt(False, "process step N's results before launching step N+1")
     enable_cpu_overlap_schedule: bool = _opt(False, "the overlap loop on the CPU too (off by default: it shares the cores)")
     enable_deterministic_inference: bool = _opt(False, "batch-invariant kernels: same text in any batch")
-    num_continuous_decode_steps: int = _opt(1, "decode steps run back to back, without the scheduler between them (1 = off)")
+    num_continuous_decode_steps: int = _opt(1, "decode steps (greedy EAGLE chain steps with speculation) run back to back, without the scheduler between them (1 = off)")
     stream_interval: int = _opt(1, "send streaming output every N tokens")
     log_interval: int = _opt(40, "decode steps between two log lines")
     # --- grammars
