@@ -437,11 +437,11 @@ class Scheduler:
         )  # fmt: skip
 
     def _schedule_spec_window(self) -> ScheduledBatch | None:
-        """Greedy EAGLE chain steps run on the device back to back (``--num-continuous-decode-steps``
-        of them, see :mod:`phloem.runtime.speculative.window`), under the conditions of continuous
-        decode: nothing waits to be admitted, every row can take tokens unseen and is greedy, no
-        row's ``max_new_tokens`` ends before the last step, and every row's slots for the window
-        are free now. Otherwise None (one speculative step at a time)."""
+        """EAGLE chain steps run on the device back to back (``--num-continuous-decode-steps`` of
+        them, see :mod:`phloem.runtime.speculative.window`), under the conditions of continuous
+        decode: nothing waits to be admitted, every row can take tokens unseen (no seed, logprobs,
+        grammar or penalty), no row's ``max_new_tokens`` ends before the last step, and every
+        row's slots for the window are free now. Otherwise None (one speculative step at a time)."""
         window = self.spec.window
         steps = min(self.cfg.decode_steps, window.max_steps) if window is not None else 1
         if steps <= 1 or self.waiting or self.chunked is not None or self.jumped:
@@ -452,7 +452,7 @@ class Scheduler:
         if not reqs or not window.fits(len(reqs)):
             return None
         for req in reqs:
-            if not decodes_ahead(req) or not self.spec.sampling_of(req.params).greedy:
+            if not decodes_ahead(req):
                 return None
             steps = min(steps, req.remaining_new_tokens)
         width = self.req_pool.req_to_token.shape[1]
@@ -562,9 +562,10 @@ class Scheduler:
         from phloem.runtime.speculative.window import WindowRow
 
         rows = [
-            WindowRow(r.req_pool_idx, r.kv_len, r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1])
+            WindowRow(r.req_pool_idx, r.kv_len, r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1],
+                      self.spec.sampling_of(r.params))
             for r in batch.reqs
-        ]
+        ]  # fmt: skip
         fut: Future[Any] = Future()
         try:
             fut.set_result(self.spec.run_window(rows, batch.spec_window))

@@ -1,17 +1,18 @@
-"""Several greedy EAGLE chain steps on the device, read back once (DESIGN.md §5, §7).
+"""Several EAGLE chain steps on the device, read back once (DESIGN.md §5, §7).
 
 A host-driven speculative step waits on the GPU twice: to read the drafts, and to read what the
 verify pass accepted before it can commit and catch the drafter up. At batch 1 on a fast GPU the
-host's share of a step is larger than the GPU's. For a chain drafter (``topk == 1``) and greedy
-rows, nothing in a step needs the host once its state is on the device::
+host's share of a step is larger than the GPU's. For a chain drafter (``topk == 1``), nothing in a
+step needs the host once its state is on the device::
 
     state [7, B] int64:  req row | kv_len | newest token (root) | draft-cache row | draft length
                          | draft position offset | real row (1) or padding (0)
     step:  draft     D tokens from the root: the head over its own cache, one level per token
            verify    the target over [root, d1 .. dD] at positions kv_len .. kv_len + D, causal;
                      each position's slot is read from req_to_token
-           accept    a = 1 + the drafts that equal the target's argmax before the first miss;
-                     record the D + 1 argmaxes and a
+           accept    greedy rows: a = 1 + the drafts that equal the target's argmax before
+                     the first miss; sampled rows: speculative sampling with device draws
+                     (:func:`chain_accept_sampled`); record the D + 1 tokens and a
            catch-up  the head over the a accepted tokens, with the target's features
            advance   kv_len and draft length += a; root = the a-th argmax (the bonus token)
 
@@ -22,7 +23,8 @@ into the same slot. The scheduler gives each row ``K * (D + 1)`` fresh slots at 
 ``kv_len ..`` before a window of ``K`` steps (no step can write past them) and frees those past the
 final ``kv_len`` after it.
 
-The step is one CUDA graph per (padded batch, draft key width), replayed ``K`` times back to back;
+The step is one CUDA graph per (padded batch, draft key width, acceptance mode: greedy, sampled,
+sampled with top-k/top-p), replayed ``K`` times back to back;
 the host then reads ``[K, B, D + 1]`` tokens and ``[K, B]`` accept lengths in one copy. Tokens a
 row produces after its stop are computed and dropped by the scheduler. Off CUDA the same step runs
 eagerly (how the CPU tests pin it).
@@ -40,11 +42,13 @@ import torch
 import torch.nn.functional as F
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
+from phloem.runtime.sampling.sampler import GREEDY_EPS, gumbel_argmax, min_p_drop_mask, top_k_top_p_drop_mask
 from phloem.runtime.speculative.draft_graph import RESERVED_DRAFT_LENGTH, SCRATCH_SEQ
 from phloem.runtime.speculative.eagle import EagleDraftWorker, _attend_batch
+from phloem.runtime.speculative.verify import GREEDY, SpecSampling
 from phloem.runtime.speculative.verify_graph import TreeVerifyBackend
 
-__all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept"]
+__all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept", "chain_accept_sampled", "chain_probs"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +63,7 @@ class WindowRow:
     seq: int  # req_pool_idx: the target's req_to_token row and the drafter's key
     kv_len: int  # tokens with KV; ``root`` (the newest token) has none yet
     root: int
+    sampling: SpecSampling = GREEDY
 
 
 @dataclass
@@ -78,11 +83,66 @@ def chain_accept(drafts: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return 1 + (drafts == target[:, :-1]).long().cumprod(dim=1).sum(dim=1)
 
 
+def chain_probs(logits: torch.Tensor, params: torch.Tensor, *, filters: bool) -> torch.Tensor:
+    """The distributions the plain sampler draws from, per row of ``logits`` ``[R, V]``, with each
+    row's ``params`` ``[4, R]`` (temperature, top-k, top-p, min-p; a greedy row's temperature is
+    taken as 1, its distribution is not used): temperature, then top-k/top-p (only when
+    ``filters``: a sort of every row), then min-p, as :func:`~.verify.target_probs`."""
+    temperature, top_k, top_p, min_p = params.unbind(0)
+    x = logits.float() / torch.where(temperature < GREEDY_EPS, 1.0, temperature)[:, None]
+    if filters:
+        x = x.masked_fill(top_k_top_p_drop_mask(x, top_k.long(), top_p), float("-inf"))
+    x = x.masked_fill(min_p_drop_mask(x, min_p), float("-inf"))
+    return torch.softmax(x, dim=-1)
+
+
+def chain_accept_sampled(
+    drafts: torch.Tensor,
+    logits: torch.Tensor,
+    params: torch.Tensor,
+    *,
+    filters: bool,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative sampling over chains: ``drafts`` ``[B, D]`` (drawn greedily: a point mass),
+    the target's logits at every node ``[B, D + 1, V]``, each row's sampling ``params`` ``[4, B]``.
+    Returns the emitted tokens ``[B, D + 1]`` (the first ``accept`` of them are real) and
+    ``accept`` ``[B]``.
+
+    Draft ``x`` at node ``j`` is accepted with probability ``p_j(x)`` (``min(1, p / q)`` with
+    ``q = 1``); at the first rejection the emitted token is drawn from ``p_j`` without ``x``
+    (the residual ``max(p - q, 0)``), after a fully accepted chain from the last node's ``p``. So
+    every emitted token is distributed as the plain sampler's. Greedy rows (temperature 0 or
+    top-k 1) take the argmax rule of :func:`chain_accept` instead. Draws use ``generator`` (None:
+    the device's default, which CUDA graphs advance at every replay)."""
+    b, n, vocab = logits.shape
+    depth = n - 1
+    temperature, top_k = params[0], params[1]
+    greedy = (temperature < GREEDY_EPS) | (top_k == 1)
+    probs = chain_probs(logits.reshape(b * n, vocab), params.repeat_interleave(n, dim=1), filters=filters)
+    probs = probs.view(b, n, vocab)
+    best = _argmax(logits.reshape(b * n, vocab)).view(b, n)
+    p_draft = probs[:, :-1].gather(2, drafts[..., None])[..., 0]  # [B, D]
+    u = torch.rand(p_draft.shape, generator=generator, device=logits.device)
+    ok = torch.where(greedy[:, None], drafts == best[:, :-1], u < p_draft)
+    accepted = ok.long().cumprod(dim=1).sum(dim=1)  # [B] drafts kept, 0 .. D
+    at = accepted[:, None]
+    p_last = probs.gather(1, at[..., None].expand(b, 1, vocab))[:, 0]  # [B, V]
+    padded = torch.cat([drafts, drafts[:, -1:]], dim=1)  # [B, n]: the draft rejected at each node
+    rejected = padded.gather(1, at)  # [B, 1]
+    residual = torch.where((accepted < depth)[:, None], p_last.scatter(1, rejected, 0.0), p_last)
+    noise = torch.rand(residual.shape, generator=generator, device=logits.device)
+    drawn = gumbel_argmax(torch.log(residual), noise)  # a draw from the residual (unnormalized)
+    last = torch.where(greedy, best.gather(1, at)[:, 0], drawn)
+    return padded.scatter(1, at, last[:, None]), accepted + 1
+
+
 class _Graph:
     """The step for one (padded batch, key width): its static state and outputs, and the graph."""
 
     def __init__(self, bs: int, steps: int, nodes: int, device: torch.device) -> None:
         self.state = torch.zeros((_FIELDS, bs), dtype=torch.int64, device=device)
+        self.params = torch.zeros((4, bs), dtype=torch.float32, device=device)  # sampling, per row
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self.tokens = torch.zeros((steps, bs, nodes), dtype=torch.int64, device=device)
         self.accept = torch.zeros((steps, bs), dtype=torch.int64, device=device)
@@ -136,7 +196,7 @@ class ChainWindow:
         self.path_bias = torch.where(path, self.zero, self.ninf)  # [D - 1, extra]
         chain = torch.ones(self.nodes, self.nodes, dtype=torch.int8, device=self.device).tril()
         self.chain_mask = chain.expand(self.batch_sizes[-1], -1, -1).contiguous()  # [max_bs, n, n]
-        self.graphs: dict[tuple[int, int], _Graph] = {}
+        self.graphs: dict[tuple[int, int, str], _Graph] = {}  # (padded batch, key width, mode)
         self.pool: Any = None
         self._storage = self._storage_key()
         self.captured = 0
@@ -168,14 +228,17 @@ class ChainWindow:
         if self.key_index.numel() < width:
             self.key_index = torch.arange(width, device=self.device)
         host = self._host_state(rows, seqs, lens, bs)
-        g = self._graph(bs, width, host)
+        params = self._host_params(rows, bs)
+        mode = _mode(rows)
+        g = self._graph(bs, width, mode, host, params)
         g.state.copy_(host, non_blocking=True)
+        g.params.copy_(params, non_blocking=True)
         g.counter.zero_()
         for _ in range(steps):
             if g.graph is not None:
                 g.graph.replay()
             else:
-                self._step(g, width)
+                self._step(g, width, mode)
         out = torch.cat([g.tokens[:steps].flatten(), g.accept[:steps].flatten()]).cpu().tolist()
         n = steps * bs * self.nodes
         tokens, accept = out[:n], out[n:]
@@ -210,25 +273,38 @@ class ChainWindow:
             else torch.tensor(cols)
         )
 
+    def _host_params(self, rows: Sequence[WindowRow], bs: int) -> torch.Tensor:
+        pad = bs - len(rows)
+        cols = [
+            [r.sampling.temperature for r in rows] + [0.0] * pad,
+            [float(r.sampling.top_k) for r in rows] + [-1.0] * pad,
+            [r.sampling.top_p for r in rows] + [1.0] * pad,
+            [r.sampling.min_p for r in rows] + [0.0] * pad,
+        ]
+        params = torch.tensor(cols, dtype=torch.float32)
+        return params.pin_memory() if self.device.type == "cuda" else params
+
     def _storage_key(self) -> tuple[int, int, int]:
         c = self.worker.cache
         return c.k.data_ptr(), c.v.data_ptr(), c.features.data_ptr()
 
-    def _graph(self, bs: int, width: int, host: torch.Tensor) -> _Graph:
+    def _graph(self, bs: int, width: int, mode: str, host: torch.Tensor, params: torch.Tensor) -> _Graph:
         if self._storage_key() != self._storage:  # the draft cache grew: graphs point at freed storage
             if self.capture:
                 torch.cuda.synchronize(self.device)
             self.graphs.clear()
             self.pool = None
             self._storage = self._storage_key()
-        g = self.graphs.get((bs, width))
+        g = self.graphs.get((bs, width, mode))
         if g is None:
-            g = self.graphs[(bs, width)] = _Graph(bs, self.max_steps, self.nodes, self.device)
+            g = self.graphs[(bs, width, mode)] = _Graph(bs, self.max_steps, self.nodes, self.device)
             if self.capture:
-                self._capture(g, bs, width, host)
+                self._capture(g, bs, width, mode, host, params)
         return g
 
-    def _capture(self, g: _Graph, bs: int, width: int, host: torch.Tensor) -> None:
+    def _capture(
+        self, g: _Graph, bs: int, width: int, mode: str, host: torch.Tensor, params: torch.Tensor
+    ) -> None:
         """Capture the step on the window's real first state: the warm-up runs start from it
         (restored before each, so they write only where the window's first step writes, and the
         window's own first step writes the same values again)."""
@@ -237,18 +313,19 @@ class ChainWindow:
         def run(_: int) -> None:
             if not torch.cuda.is_current_stream_capturing():
                 g.state.copy_(host.to(self.device))
+                g.params.copy_(params.to(self.device))
                 g.counter.zero_()
-            self._step(g, width)
+            self._step(g, width, mode)
 
         graphs, _, self.pool = capture_graphs([bs], run, self.device, pool=self.pool)
         g.graph = graphs[bs]
         self.captured += 1
         self.capture_seconds += time.perf_counter() - start
-        logger.info("captured the speculative window step for batch %d, key width %d in %.3f s",
-                    bs, width, time.perf_counter() - start)  # fmt: skip
+        logger.info("captured the speculative window step (%s) for batch %d, key width %d in %.3f s",
+                    mode, bs, width, time.perf_counter() - start)  # fmt: skip
 
     # ---- device side (a CUDA graph captures it) --------------------------------------------------
-    def _step(self, g: _Graph, width: int) -> None:
+    def _step(self, g: _Graph, width: int, mode: str) -> None:
         rows, kv_len, root, drows, dlen, offset, real = g.state.unbind(0)
         bs, n = rows.shape[0], self.nodes
         drafts = self._draft_chain(drows, dlen, offset, width)  # [B, D]
@@ -257,8 +334,14 @@ class ChainWindow:
         slots = torch.where(real[:, None].bool(), self.table[rows[:, None], positions], PADDING_SLOT)
         self.attn.bind(rows, kv_len, slots.flatten(), self.chain_mask[:bs])
         hidden = self.model(ids.flatten(), positions.flatten(), self.attn)  # [B * n, H]
-        target = _argmax(self.model.compute_logits(hidden)).view(bs, n)
-        accept = chain_accept(drafts, target)
+        logits = self.model.compute_logits(hidden)  # [B * n, V] float32
+        if mode == "greedy":
+            target = _argmax(logits).view(bs, n)
+            accept = chain_accept(drafts, target)
+        else:
+            target, accept = chain_accept_sampled(
+                drafts, logits.view(bs, n, -1), g.params, filters=mode == "filter"
+            )
         g.tokens.index_copy_(0, g.counter, target[None])
         g.accept.index_copy_(0, g.counter, accept[None])
         g.counter.add_(1)
@@ -318,3 +401,12 @@ def _argmax(x: torch.Tensor) -> torch.Tensor:
 
         return argmax_rows(x)
     return x.argmax(dim=-1)
+
+
+def _mode(rows: Sequence[WindowRow]) -> str:
+    """``greedy`` (argmax acceptance only), ``sample`` (temperature and min-p) or ``filter`` (some
+    row also uses top-k or top-p, which sorts every node's logits): one graph each."""
+    sampled = [r.sampling for r in rows if not r.sampling.greedy]
+    if not sampled:
+        return "greedy"
+    return "filter" if any(s.top_k > 0 or s.top_p < 1.0 for s in sampled) else "sample"

@@ -75,16 +75,32 @@ FREE = [i for i in range(len(PROMPTS)) if i not in CONSTRAINED]
 def test_speculative_windows_equal_target_greedy(reference):
     """``num_continuous_decode_steps=4`` with the default EAGLE chain: greedy rows run windows of
     four speculative steps on the device per host sync (constrained rows keep single steps, and
-    hold the whole batch to them while they run); stop strings cut outputs inside a window."""
+    hold the whole batch to them while they run); stop strings cut outputs inside a window;
+    sampled rows take windows too."""
     with Engine(speculative_algorithm="EAGLE", num_continuous_decode_steps=4, log_level="warning") as eng:
         mixed = eng.generate(PROMPTS, sampling_params=PARAMS)
         free = eng.generate([PROMPTS[i] for i in FREE], sampling_params=[PARAMS[i] for i in FREE])
         windows = eng.get_server_info()["live"]["spec_window_steps_total"]
         single = eng.generate(PROMPTS[5], sampling_params=GREEDY)
+        # sampled rows take windows too (speculative sampling on the device)
+        before = eng.get_server_info()["live"]["spec_window_steps_total"]
+        sampled = eng.generate(
+            PROMPTS[:4], sampling_params={"temperature": 0.7, "top_p": 0.9, "max_new_tokens": 32}
+        )
+        sampled_windows = eng.get_server_info()["live"]["spec_window_steps_total"] - before
     for got, want in zip([*mixed, *free, single], [*reference, *(reference[i] for i in FREE), reference[5]]):
         assert got["output_ids"] == want["output_ids"]
         assert got["text"] == want["text"]
         assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
     assert windows > 0
     assert single["meta_info"]["spec_accept_length"] > 1.5  # a repetitive prompt: long chains accepted
-    assert all(o["meta_info"].get("spec_verify_ct", 0) > 0 for o in free if o["meta_info"]["completion_tokens"] > 2)
+    assert all(
+        o["meta_info"].get("spec_verify_ct", 0) > 0 for o in free if o["meta_info"]["completion_tokens"] > 2
+    )
+    assert sampled_windows > 0
+    lengths = [o["meta_info"]["completion_tokens"] for o in sampled]
+    assert all(o["meta_info"]["finish_reason"]["type"] in ("length", "stop") for o in sampled)
+    assert max(lengths) == 32 and all(1 <= n <= 32 for n in lengths)
+    assert all(
+        o["meta_info"]["spec_verify_ct"] > 0 for o in sampled if o["meta_info"]["completion_tokens"] > 2
+    )

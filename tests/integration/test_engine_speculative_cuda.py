@@ -17,7 +17,10 @@ import torch
 from phloem import Engine
 from tests.integration.test_engine_speculative import PARAMS, PROMPTS
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"),
+]
 
 
 def _engine(**kw) -> Engine:
@@ -54,10 +57,19 @@ def test_overlap_loop_equals_the_inline_loop_on_gpu(reference):
 
 def test_speculative_windows_equal_plain_greedy_on_gpu(reference):
     """Windows of greedy EAGLE chain steps replayed from CUDA graphs (batches padded to 1, 8 and
-    16) give plain greedy ids, stop strings and constrained rows (single steps) included."""
+    16) give plain greedy ids, stop strings and constrained rows (single steps) included; sampled
+    rows take windows too."""
     with _engine(speculative_algorithm="EAGLE", num_continuous_decode_steps=6) as eng:
         for batch in (PROMPTS[:1], PROMPTS[:5], PROMPTS):
             outs = eng.generate(batch, sampling_params=PARAMS[: len(batch)])
             for got, want in zip(outs, reference):
                 assert got["output_ids"] == want["output_ids"]
         assert eng.get_server_info()["live"]["spec_window_steps_total"] > 0
+        # sampled rows: device draws inside the captured step (the graph advances the generator)
+        before = eng.get_server_info()["live"]["spec_window_steps_total"]
+        sampled = eng.generate(
+            PROMPTS[:5], sampling_params={"temperature": 0.8, "top_p": 0.9, "max_new_tokens": 24}
+        )
+        assert eng.get_server_info()["live"]["spec_window_steps_total"] > before
+        assert all(1 <= o["meta_info"]["completion_tokens"] <= 24 for o in sampled)
+        assert len({tuple(o["output_ids"]) for o in sampled}) > 1

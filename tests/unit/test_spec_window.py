@@ -24,7 +24,7 @@ from phloem.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 from phloem.runtime.speculative.decoding import EagleDrafter, target_forward
 from phloem.runtime.speculative.step import SpecRow, SpeculativeStep
 from phloem.runtime.speculative.tree import DraftTree
-from phloem.runtime.speculative.window import ChainWindow, WindowRow, chain_accept
+from phloem.runtime.speculative.window import ChainWindow, WindowRow, chain_accept, chain_accept_sampled
 
 from tests.unit.test_eagle_batch import assert_same_state, random_worker, start
 from tests.unit.tiny_model import tiny_runner
@@ -145,9 +145,9 @@ class _OracleChain:
 
         step = w._step
 
-        def patched(g, width: int) -> None:  # noqa: ANN001
+        def patched(g, width: int, mode: str) -> None:  # noqa: ANN001
             w._draft_chain = lambda *a: draft(g)  # type: ignore[method-assign]
-            step(g, width)
+            step(g, width, mode)
 
         w._step = patched  # type: ignore[method-assign]
 
@@ -340,7 +340,7 @@ def test_successive_windows_give_the_plain_greedy_tokens(runner):
     out, window = _windows(runner, base, PROMPTS[:3], [6, 1, 8, 8, 8], capture=False)
     for p, o in zip(PROMPTS, out):
         assert o == plain.generate_greedy(p, len(o))
-    assert {width for _, width in window.graphs} == {64, 128}  # one graph per key width
+    assert {width for _, width, _ in window.graphs} == {64, 128}  # one graph per key width
 
 
 @pytest.mark.gpu
@@ -374,3 +374,72 @@ def test_the_rope_table_gives_the_computed_tables_on_cuda(runner):
         got = head.rope(positions)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     assert got[0].shape == want[0].shape == (3, 5, 1, head.cfg.head_dim // 2)
+
+
+# ---------------------------------------------------------------------------------- sampled rows
+def _params(
+    rows: int, temperature: float, top_k: int = -1, top_p: float = 1.0, min_p: float = 0.0
+) -> torch.Tensor:
+    return torch.tensor([[temperature], [float(top_k)], [top_p], [min_p]]).expand(4, rows).contiguous()
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, min_p", [(1.0, -1, 1.0, 0.0), (0.7, 4, 1.0, 0.0), (1.3, -1, 0.8, 0.05)]
+)
+def test_sampled_chains_keep_the_target_distribution(temperature, top_k, top_p, min_p):
+    """20,000 identical rows in one call: the first emitted token is distributed as the target's
+    first distribution, and the second (after an accepted first draft) as the second node's; the
+    first draft is accepted at the rate of its target probability."""
+    from phloem.runtime.speculative.verify import SpecSampling, target_probs
+
+    from tests.unit.test_spec_verify import chi_square_pvalue
+
+    rows, vocab = 20_000, 12
+    logits = torch.randn(3, vocab, generator=torch.Generator().manual_seed(5)) * 1.5
+    sampling = SpecSampling(temperature, top_k, top_p, min_p)
+    want = target_probs(logits, sampling)  # [3, V]: the plain sampler's distributions
+    drafts = torch.tensor(
+        [int(want[0].argmax()), int(want[1].argsort()[-2])]
+    )  # a likely and a less likely draft
+    params = _params(rows, temperature, top_k, top_p, min_p)
+    emitted, accept = chain_accept_sampled(
+        drafts.expand(rows, 2), logits.expand(rows, 3, vocab), params, filters=top_k > 0 or top_p < 1.0,
+        generator=torch.Generator().manual_seed(11),
+    )  # fmt: skip
+    assert chi_square_pvalue(torch.bincount(emitted[:, 0], minlength=vocab).float(), want[0]) > 1e-3
+    second = emitted[accept >= 2, 1]
+    assert chi_square_pvalue(torch.bincount(second, minlength=vocab).float(), want[1]) > 1e-3
+    rate = float((accept >= 2).float().mean())
+    assert abs(rate - float(want[0, drafts[0]])) < 0.02
+    assert set(accept.tolist()) <= {1, 2, 3} and (accept == 3).any()
+
+
+def test_greedy_rows_among_sampled_ones_keep_the_argmax_rule():
+    logits = torch.randn(4, 3, 10, generator=torch.Generator().manual_seed(2))
+    best = logits.argmax(dim=-1)  # [4, 3]
+    drafts = torch.stack([best[0, :2], torch.tensor([best[1, 0], 9 - best[1, 1]]), best[2, :2], best[3, :2]])
+    params = torch.cat([_params(2, 0.0), _params(2, 1.0)], dim=1)  # rows 0, 1 greedy
+    emitted, accept = chain_accept_sampled(drafts, logits, params, filters=False)
+    assert accept[:2].tolist() == [3, 2]
+    assert emitted[0].tolist() == best[0].tolist() and emitted[1, :2].tolist() == best[1, :2].tolist()
+
+
+def test_sampled_windows_through_the_scheduler(runner):
+    """All-sampled batches take windows (with and without top-k/top-p); outputs run to their
+    length or stop, and the pool is intact."""
+    spec = _spec(runner)
+    sent: list = []
+    s, cache, rows = _scheduler(runner, spec, 1024, sent)
+    params = [SamplingParams(max_new_tokens=25, temperature=0.8),
+              SamplingParams(max_new_tokens=30, temperature=1.0, top_k=5, top_p=0.9),
+              SamplingParams(max_new_tokens=12, temperature=0.5, min_p=0.1)]  # fmt: skip
+    for i, (p, sp) in enumerate(zip(PROMPTS, params)):
+        s.add_request(_req(f"r{i}", p, sp))
+    _run(s)
+    _assert_clean(cache, rows)
+    got, finished = _outputs(sent)
+    for i, sp in enumerate(params):
+        assert finished[f"r{i}"]["type"] in ("length", "stop")
+        assert 1 <= len(got[f"r{i}"]) <= sp.max_new_tokens
+    assert {mode for _, _, mode in spec.window.graphs} == {"filter"}  # one row filters: the batch does
+    assert spec.window.steps > 0
