@@ -76,9 +76,11 @@ class SpeculativeStep:
         self._prefill: dict[int, tuple[int, list[torch.Tensor]]] = {}  # row -> (start, hidden chunks)
 
     def reset_counters(self) -> None:
-        """Forget what ran so far (after the start-up warm-up): acceptance counts, the sampler."""
+        """Forget what ran so far (after the start-up warm-up): acceptance counts, the samplers."""
         self.verify_count = self.accepted_tokens = 0
         self.verifier.reset_generator()
+        if self.window is not None:
+            self.window.reset_generator()
 
     @property
     def mean_accept_length(self) -> float:
@@ -234,7 +236,7 @@ def build_speculative_step(
             from phloem.runtime.speculative.window import ChainWindow
 
             step.window = ChainWindow(runner, worker, max_bs=max(1, max_batch), max_steps=window_steps,
-                                      capture=graphs)  # fmt: skip
+                                      capture=graphs, seed=seed)  # fmt: skip
         elif window_steps > 1:
             logger.info("speculative windows draft chains (--speculative-eagle-topk 1); trees take one step per sync")
         return step

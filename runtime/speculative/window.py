@@ -150,7 +150,7 @@ class _Graph:
 
 
 class ChainWindow:
-    """Greedy EAGLE chain steps of up to ``max_bs`` rows, ``max_steps`` per window.
+    """EAGLE chain steps of up to ``max_bs`` rows, ``max_steps`` per window.
 
     Parameters
     ----------
@@ -160,10 +160,13 @@ class ChainWindow:
         The chain draft worker (``topk == 1``).
     capture:
         Capture CUDA graphs (on CUDA only); otherwise run the step eagerly.
+    seed:
+        Seed of the sampled rows' draws: a generator of the window's own off CUDA; on CUDA the
+        device's default generator (the one CUDA graphs advance at every replay), seeded here.
     """
 
     def __init__(self, runner: Any, worker: EagleDraftWorker, *, max_bs: int, max_steps: int,
-                 capture: bool = True) -> None:  # fmt: skip
+                 capture: bool = True, seed: int = 0) -> None:  # fmt: skip
         if worker.topk != 1:
             raise ValueError("a speculative window drafts chains: --speculative-eagle-topk must be 1")
         self.model = runner.model
@@ -175,6 +178,9 @@ class ChainWindow:
         self.device = worker.device
         self.batch_sizes = capture_batch_sizes(max(1, max_bs))
         self.capture = capture and self.device.type == "cuda"
+        self.seed = seed
+        self.generator: torch.Generator | None = None
+        self.reset_generator()
         self.attn = TreeVerifyBackend(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
@@ -203,6 +209,14 @@ class ChainWindow:
         self.capture_seconds = 0.0
         self.windows = 0  # windows run so far
         self.steps = 0  # speculative steps run inside them
+
+    def reset_generator(self) -> None:
+        """Start the sampled rows' draws over from ``seed`` (at construction; after the start-up
+        warm-up, so a warmed-up engine draws what a fresh one draws)."""
+        if self.device.type == "cuda":
+            torch.cuda.manual_seed(self.seed)
+        else:
+            self.generator = torch.Generator(device=self.device).manual_seed(self.seed)
 
     # ---- host side ------------------------------------------------------------------------------
     def fits(self, num_rows: int) -> bool:
@@ -340,7 +354,7 @@ class ChainWindow:
             accept = chain_accept(drafts, target)
         else:
             target, accept = chain_accept_sampled(
-                drafts, logits.view(bs, n, -1), g.params, filters=mode == "filter"
+                drafts, logits.view(bs, n, -1), g.params, filters=mode == "filter", generator=self.generator
             )
         g.tokens.index_copy_(0, g.counter, target[None])
         g.accept.index_copy_(0, g.counter, accept[None])

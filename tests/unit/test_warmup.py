@@ -154,15 +154,17 @@ def _run_one(scheduler, params):
     return req.output_ids
 
 
-@pytest.mark.parametrize("spec", [None, "NGRAM"])
+@pytest.mark.parametrize("spec", [None, "NGRAM", "EAGLE windows"])
 def test_unseeded_sampling_after_the_warmup_equals_a_fresh_scheduler(spec):
     """The warm-up samples too; afterwards the unseeded generators (the sampler's and, with
-    speculation, the acceptance sampler's) start over, so the first real samples are the ones a
-    scheduler without a warm-up draws."""
+    speculation, the acceptance sampler's or the windows') start over, so the first real samples
+    are the ones a scheduler without a warm-up draws."""
     from phloem.runtime.sampling.params import SamplingParams
 
     params = SamplingParams(max_new_tokens=12, temperature=1.0, ignore_eos=True)
-    kw = {"speculative_algorithm": spec} if spec else {}
+    kw: dict = {"speculative_algorithm": spec} if spec else {}
+    if spec == "EAGLE windows":
+        kw = {"speculative_algorithm": "EAGLE", "num_continuous_decode_steps": 4}
     cold, _, _ = _scheduler(**kw)
     want = _run_one(cold, params)
     warm, rt, _ = _scheduler(**kw)
@@ -179,3 +181,12 @@ def test_speculative_reset_restarts_the_acceptance_sampler():
     scheduler.reset_counters()
     assert torch.equal(torch.rand(4, generator=spec.verifier.generator), first)
     assert spec.mean_accept_length == 0.0
+
+
+def test_speculative_reset_restarts_the_window_sampler():
+    scheduler, _, _ = _scheduler(speculative_algorithm="EAGLE", num_continuous_decode_steps=4)
+    window = scheduler.spec.window
+    first = torch.rand(4, generator=window.generator)
+    torch.rand(4, generator=window.generator)  # the warm-up's draws
+    scheduler.reset_counters()
+    assert torch.equal(torch.rand(4, generator=window.generator), first)
