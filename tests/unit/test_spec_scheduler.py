@@ -43,6 +43,26 @@ def _spec(runner: ModelRunner, algorithm: str) -> SpeculativeStep:
     return SpeculativeStep(runner, EagleDrafter(worker), max_tree=6)
 
 
+def add_random_requests(s: Scheduler, rng: random.Random, *, sampled: float = 0.0) -> list[Req]:
+    """24 requests over two shared stems with random lengths, steps between them and aborts of
+    earlier ones; ``sampled``: the share of rows sampled at temperature 0.8 (the rest greedy)."""
+    stems = [[rng.randint(2, 500) for _ in range(30)] for _ in range(2)]
+    reqs: list[Req] = []
+    for i in range(24):
+        ids = rng.choice(stems)[: rng.randint(4, 30)] + [rng.randint(2, 500) for _ in range(rng.randint(1, 12))]
+        temperature = 0.8 if sampled and rng.random() < sampled else 0.0
+        params = SamplingParams(max_new_tokens=rng.randint(1, 40), temperature=temperature)
+        req = Req(rid=f"r{i}", origin_input_ids=ids, params=params,
+                  stop_checker=StopChecker(params, eos_token_ids={EOS}))  # fmt: skip
+        s.add_request(req)
+        reqs.append(req)
+        for _ in range(rng.randint(0, 4)):
+            s.step()
+        if rng.random() < 0.2:
+            s.abort(rng.choice(reqs).rid, message="test abort")
+    return reqs
+
+
 @pytest.mark.parametrize("algorithm", ["EAGLE"])  # its draft KV is what aborts could leak
 def test_random_requests_aborts_and_retraction_keep_pool_and_outputs(runner, algorithm):
     pool = 160  # a few requests' worth: decode growth forces retraction
@@ -54,20 +74,7 @@ def test_random_requests_aborts_and_retraction_keep_pool_and_outputs(runner, alg
     s = Scheduler(cfg, cache=cache, req_pool=rows, worker=InlineWorker(runner, FutureMap(64)),
                   sampling=SamplingBatchBuilder(runner.vocab_size, eos_token_ids=[EOS]),
                   outputs=OutputCollector(lambda m: sent.extend(m.outs)), spec=_spec(runner, algorithm))  # fmt: skip
-    rng = random.Random(1)
-    stems = [[rng.randint(2, 500) for _ in range(30)] for _ in range(2)]
-    reqs = []
-    for i in range(24):
-        ids = rng.choice(stems)[: rng.randint(4, 30)] + [rng.randint(2, 500) for _ in range(rng.randint(1, 12))]
-        params = SamplingParams(max_new_tokens=rng.randint(1, 40), temperature=0.0)
-        req = Req(rid=f"r{i}", origin_input_ids=ids, params=params,
-                  stop_checker=StopChecker(params, eos_token_ids={EOS}))  # fmt: skip
-        s.add_request(req)
-        reqs.append(req)
-        for _ in range(rng.randint(0, 4)):
-            s.step()
-        if rng.random() < 0.2:
-            s.abort(rng.choice(reqs).rid, message="test abort")
+    reqs = add_random_requests(s, random.Random(1))
     for _ in range(5000):
         if not s.step() and s.is_idle:
             break

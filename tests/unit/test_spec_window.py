@@ -27,6 +27,7 @@ from phloem.runtime.speculative.tree import DraftTree
 from phloem.runtime.speculative.window import ChainWindow, WindowRow, chain_accept, chain_accept_sampled
 
 from tests.unit.test_eagle_batch import assert_same_state, random_worker, start
+from tests.unit.test_spec_scheduler import add_random_requests
 from tests.unit.tiny_model import tiny_runner
 
 EOS = 1
@@ -191,22 +192,7 @@ def test_random_requests_aborts_and_retraction_keep_pool_and_outputs(runner):
     spec = _spec(runner)
     sent: list = []
     s, cache, rows = _scheduler(runner, spec, 200, sent)
-    rng = random.Random(2)
-    stems = [[rng.randint(2, 500) for _ in range(30)] for _ in range(2)]
-    reqs = []
-    for i in range(24):
-        ids = rng.choice(stems)[: rng.randint(4, 30)] + [
-            rng.randint(2, 500) for _ in range(rng.randint(1, 12))
-        ]
-        sampled = rng.random() < 0.2
-        params = SamplingParams(max_new_tokens=rng.randint(1, 40), temperature=0.8 if sampled else 0.0)
-        req = _req(f"r{i}", ids, params)
-        s.add_request(req)
-        reqs.append(req)
-        for _ in range(rng.randint(0, 4)):
-            s.step()
-        if rng.random() < 0.2:
-            s.abort(rng.choice(reqs).rid, message="test abort")
+    reqs = add_random_requests(s, random.Random(2), sampled=0.2)
     _run(s)
     _assert_clean(cache, rows)
     got, finished = _outputs(sent)
