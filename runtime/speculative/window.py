@@ -14,7 +14,7 @@ step needs the host once its state is on the device::
                      the first miss; sampled rows: speculative sampling with device draws
                      (:func:`chain_accept_sampled`); record the D + 1 tokens and a
            catch-up  the head over the a accepted tokens, with the target's features
-           advance   kv_len and draft length += a; root = the a-th argmax (the bonus token)
+           advance   kv_len and draft length += a; root = the a-th token (the bonus token)
 
 Why slots by position work: a chain's node at depth d sits at position kv_len + d, and what a
 verify accepts is a prefix of the chain, so the accepted K/V is already where it belongs. The
@@ -195,7 +195,7 @@ class ChainWindow:
         # per level the path keys it sees, padded to 16 keys; 0 / -inf in the head's dtype
         dtype = worker.embed_weight.dtype
         self.extra = -(-max(self.depth - 1, 1) // 16) * 16
-        self.key_index = torch.arange(_MIN_WIDTH, device=self.device)
+        self.key_index = torch.arange(worker.cache.capacity[1], device=self.device)  # see _graph
         self.zero = torch.zeros((), dtype=dtype, device=self.device)
         self.ninf = torch.full((), float("-inf"), dtype=dtype, device=self.device)
         path = torch.ones(max(self.depth - 1, 1), self.extra, dtype=torch.bool, device=self.device).tril()
@@ -239,8 +239,6 @@ class ChainWindow:
         lens = [w.cache.lens[s] for s in seqs]
         width = max(_MIN_WIDTH, 1 << (max(lens) + steps * self.nodes).bit_length())
         w.cache.ensure(rows=0, length=width)
-        if self.key_index.numel() < width:
-            self.key_index = torch.arange(width, device=self.device)
         host = self._host_state(rows, seqs, lens, bs)
         params = self._host_params(rows, bs)
         mode = _mode(rows)
@@ -309,6 +307,8 @@ class ChainWindow:
             self.graphs.clear()
             self.pool = None
             self._storage = self._storage_key()
+            # key positions as long as the cache: replaced only here, with the graphs that read it
+            self.key_index = torch.arange(self.worker.cache.capacity[1], device=self.device)
         g = self.graphs.get((bs, width, mode))
         if g is None:
             g = self.graphs[(bs, width, mode)] = _Graph(bs, self.max_steps, self.nodes, self.device)

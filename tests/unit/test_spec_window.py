@@ -429,3 +429,13 @@ def test_sampled_windows_through_the_scheduler(runner):
         assert 1 <= len(got[f"r{i}"]) <= sp.max_new_tokens
     assert {mode for _, _, mode in spec.window.graphs} == {"filter"}  # one row filters: the batch does
     assert spec.window.steps > 0
+
+
+def test_a_cache_growth_drops_the_graphs_with_the_key_positions_they_read(runner):
+    base = random_worker(runner, seed=3, num_steps=3, topk=1, num_draft_tokens=4)
+    _, window = _windows(runner, base, PROMPTS[:2], [4], capture=False)
+    assert window.graphs and window.key_index.numel() == base.cache.capacity[1]
+    base.cache.ensure(rows=0, length=2 * base.cache.capacity[1])  # a long prompt arrived
+    window._graph(1, 64, "greedy", window._host_state([], [], [], 1), window._host_params([], 1))
+    assert list(window.graphs) == [(1, 64, "greedy")]  # the old ones are gone
+    assert window.key_index.numel() == base.cache.capacity[1]
