@@ -401,20 +401,29 @@ class Scheduler:
     def _continuous_steps(self, reqs: list[Req]) -> int:
         """Decode steps to launch as one batch of the decoding rows ``reqs``
         (``--num-continuous-decode-steps``): the host launches them back to back and reads their
-        tokens together, so its per-step work is paid once for all of them. Only when nothing waits to be admitted (a new request would wait
-        the whole batch), when every row can take several tokens unseen (``decodes_ahead``),
-        never past any row's ``max_new_tokens``, and when every step's slots are free now."""
-        steps = self.cfg.decode_steps
-        if steps <= 1 or self.spec is not None or self.waiting or self.chunked is not None or self.jumped:
+        tokens together, so its per-step work is paid once for all of them. Only under the
+        conditions of ``_unseen_steps`` and when every step's slots are free now."""
+        if self.spec is not None:
             return 1
+        steps = self._unseen_steps(reqs, self.cfg.decode_steps)
+        if steps <= 1 or self.cache.available_size < steps * len(reqs):
+            return 1
+        return steps
+
+    def _unseen_steps(self, reqs: list[Req], steps: int) -> int:
+        """How many steps the decoding rows ``reqs`` may take before the host sees their tokens
+        (continuous decode, speculative windows), at most ``steps``; 0 when they may not: something
+        waits to be admitted (it would wait the whole batch), a row needs the host between its
+        tokens (``decodes_ahead``) or a grammar is still compiling. Never past any row's
+        ``max_new_tokens``."""
+        if not reqs or self.waiting or self.chunked is not None or self.jumped:
+            return 0
         if self.grammar is not None and self.grammar.pending:
-            return 1
+            return 0
         for req in reqs:
             if not decodes_ahead(req):
-                return 1
+                return 0
             steps = min(steps, req.remaining_new_tokens)
-        if not reqs or steps <= 1 or self.cache.available_size < steps * len(reqs):
-            return 1
         return steps
 
     def _decode_batch(self, batch: ScheduledBatch, *, extend: int) -> ScheduledBatch:
@@ -439,22 +448,15 @@ class Scheduler:
     def _schedule_spec_window(self) -> ScheduledBatch | None:
         """EAGLE chain steps run on the device back to back (``--num-continuous-decode-steps`` of
         them, see :mod:`phloem.runtime.speculative.window`), under the conditions of continuous
-        decode: nothing waits to be admitted, every row can take tokens unseen (no seed, logprobs,
-        grammar or penalty), no row's ``max_new_tokens`` ends before the last step, and every
-        row's slots for the window are free now. Otherwise None (one speculative step at a time)."""
+        decode (``_unseen_steps``), with every row's slots for the window free now (fewer steps
+        when they are not). Otherwise None (one speculative step at a time)."""
         window = self.spec.window
-        steps = min(self.cfg.decode_steps, window.max_steps) if window is not None else 1
-        if steps <= 1 or self.waiting or self.chunked is not None or self.jumped:
-            return None
-        if self.grammar is not None and self.grammar.pending:
+        if window is None or self.cfg.decode_steps <= 1:
             return None
         reqs = [r for r in self.running if r.wants_token]
-        if not reqs or not window.fits(len(reqs)):
+        if not window.fits(len(reqs)):
             return None
-        for req in reqs:
-            if not decodes_ahead(req):
-                return None
-            steps = min(steps, req.remaining_new_tokens)
+        steps = self._unseen_steps(reqs, min(self.cfg.decode_steps, window.max_steps))
         width = self.req_pool.req_to_token.shape[1]
         while steps >= 1 and (
             self.cache.available_size < len(reqs) * window.slots_per_row(steps)
