@@ -70,7 +70,7 @@ class SpeculativeStep:
         self.needs_hidden = isinstance(drafter, EagleDrafter)
         self.needs_context = not self.needs_hidden  # EAGLE drafts from its own cache and the newest token
         self.draft_ahead = True  # hint the drafter after each verify (off: benchmarks' A/B only)
-        self.window: Any = None  # window.ChainWindow: several greedy chain steps per host sync
+        self.window: Any = None  # window.ChainWindow: several chain steps per host sync
         self.verify_count = 0
         self.accepted_tokens = 0
         self._prefill: dict[int, tuple[int, list[torch.Tensor]]] = {}  # row -> (start, hidden chunks)
@@ -168,8 +168,8 @@ class SpeculativeStep:
         return results
 
     def run_window(self, rows: list[Any], steps: int) -> Any:
-        """``steps`` greedy chain steps of ``rows`` (``window.WindowRow``) on the device, read back
-        once (:class:`~phloem.runtime.speculative.window.ChainWindow`)."""
+        """``steps`` chain steps of ``rows`` (``window.WindowRow``) on the device, read back once
+        (:class:`~phloem.runtime.speculative.window.ChainWindow`)."""
         assert self.window is not None
         result = self.window.run(rows, steps)
         self.verify_count += steps * len(rows)
@@ -207,8 +207,8 @@ def build_speculative_step(
 ) -> SpeculativeStep:
     """From ``EngineArgs.speculative_*``: ``EAGLE`` (the shipped head by default) or ``NGRAM``;
     ``max_batch``: the most requests one verify pass holds (the verify graphs' largest size);
-    ``window_steps > 1`` (``--num-continuous-decode-steps``): greedy EAGLE chains run that many
-    steps on the device per host sync."""
+    ``window_steps > 1`` (``--num-continuous-decode-steps``): EAGLE chains run that many steps on
+    the device per host sync."""
     name = algorithm.upper()
     if name == "NGRAM":
         from phloem.runtime.speculative.ngram import NgramProposer
