@@ -279,11 +279,7 @@ class ChainWindow:
             [w.offset.get(s, 0) for s in seqs] + [0] * pad,
             [1] * len(rows) + [0] * pad,
         ]
-        return (
-            torch.tensor(cols, dtype=torch.int64).pin_memory()
-            if self.device.type == "cuda"
-            else torch.tensor(cols)
-        )
+        return self._host(cols, torch.int64)
 
     def _host_params(self, rows: Sequence[WindowRow], bs: int) -> torch.Tensor:
         pad = bs - len(rows)
@@ -293,8 +289,12 @@ class ChainWindow:
             [r.sampling.top_p for r in rows] + [1.0] * pad,
             [r.sampling.min_p for r in rows] + [0.0] * pad,
         ]
-        params = torch.tensor(cols, dtype=torch.float32)
-        return params.pin_memory() if self.device.type == "cuda" else params
+        return self._host(cols, torch.float32)
+
+    def _host(self, cols: list[list[Any]], dtype: torch.dtype) -> torch.Tensor:
+        """``cols`` as a host tensor, pinned on CUDA (its copy to the graph's buffer is async)."""
+        t = torch.tensor(cols, dtype=dtype)
+        return t.pin_memory() if self.device.type == "cuda" else t
 
     def _storage_key(self) -> tuple[int, int, int]:
         c = self.worker.cache
