@@ -10,7 +10,9 @@ Both batched passes are fixed sequences of kernels once three things are fixed:
   row masks the keys past its own length, so a wider ``W`` changes no result;
 - the draft cache's storage (the graphs read and write it in place).
 
-So graphs are keyed by ``(pass, padded batch, W)`` and captured on first use. Inputs travel in
+So graphs are keyed by ``(pass, padded batch, W)`` and captured on first use. The catch-up's
+attention reads each query's key count on the device where the kernel of :mod:`.draft_attention`
+runs (CUDA, 16-bit): there its key drops ``W``. Inputs travel in
 one pinned copy into static buffers::
 
     draft     [3, bs] int64: cache row, committed length, root position
@@ -34,6 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 import torch
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.host_copy import pack_to_device
+from phloem.runtime.speculative.draft_attention import uses_kernel
 
 if TYPE_CHECKING:
     from phloem.runtime.speculative.eagle import EagleDraftWorker
@@ -140,11 +143,13 @@ class EagleGraphs:
             views = w.extend_views(static_flat, bs, self.m)
             return _Pass([static_flat, static_feats], lambda: w._extend_core(*views, static_feats, width))
 
-        p = self._pass(("extend", bs, width), make, [dev_flat])
+        # the attention kernel reads each query's key count on the device: one pass for every width
+        key = ("extend", bs, 0 if uses_kernel(feats) else width)
+        p = self._pass(key, make, [dev_flat])
         # real queries' features; padding queries keep stale, finite ones (their output is unused)
         p.inputs[1].view(bs * self.m, -1).index_copy_(0, dev_entry, feats)
         if p.graph is None and self.capture:
-            self._capture(p, ("extend", bs, width))
+            self._capture(p, key)
         p.run()
         return True
 

@@ -43,6 +43,7 @@ from phloem.runtime.layers.cpu_matmul import use_weight_major, weight_major_line
 from phloem.runtime.layers.fusion import use_fused, use_row_fusion
 from phloem.runtime.layers.linear import Linear
 from phloem.runtime.layers.rotary import rope_inv_freq
+from phloem.runtime.speculative.draft_attention import draft_attend
 from phloem.runtime.speculative.tree import DraftTree
 from torch import nn
 
@@ -284,8 +285,9 @@ class DraftKVCache:
 
     Each sequence (keyed by the scheduler's ``req_pool_idx``) owns one row, taken at its first
     write and returned by :meth:`release`; batched code gathers rows with one index tensor. Rows
-    and length start small and double when a write needs more (all rows share the length). Only
-    catch-up writes here; tree drafting uses temporary tensors. Entries past a sequence's length
+    and length start small and double when a write needs more (all rows share the length). The
+    catch-up writes here, and so does a window's chain draft, past the committed entries, where
+    the step's catch-up writes again (:mod:`.window`); tree drafting uses temporary tensors. Entries past a sequence's length
     are stale but finite (the store starts zeroed), so masked-out keys never produce NaN.
     """
 
@@ -303,6 +305,7 @@ class DraftKVCache:
         self.k = torch.zeros((rows, length, num_kv_heads, head_dim), dtype=dtype, device=device)
         self.v = torch.zeros_like(self.k)
         self.features = torch.zeros((rows, hidden_size), dtype=dtype, device=device)
+        self.slots = _slot_table(rows, length, self.k.device)
         self.lens: dict[int, int] = {}  # seq -> committed entries
         self.row: dict[int, int] = {}  # seq -> its row in k, v, features
         self._free = list(range(rows))  # a heap: the lowest free row first
@@ -341,6 +344,7 @@ class DraftKVCache:
         features = self.features.new_zeros((rows, self.features.shape[1]))
         features[:r] = self.features
         self.k, self.v, self.features = k, v, features
+        self.slots = _slot_table(rows, length, k.device)
         for i in range(r, rows):
             heapq.heappush(self._free, i)
 
@@ -364,6 +368,12 @@ class DraftKVCache:
         if seq in self.row:
             heapq.heappush(self._free, self.row.pop(seq))
             del self.lens[seq]
+
+
+def _slot_table(rows: int, length: int, device: torch.device) -> torch.Tensor:
+    """``[rows, length]``: entry ``(r, j)``'s index in the cache viewed as ``rows * length`` slots
+    (how :mod:`.draft_attention` reads a row through the target's decode kernel)."""
+    return torch.arange(rows * length, device=device).view(rows, length)
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -649,10 +659,8 @@ class EagleDraftWorker:
         dest = (rows[:, None].expand(b, m), draft_pos)  # x [B, M, H]; q [B, M, Hq, D]; k, v [B, M, Hk, D]
         self.cache.k.index_put_(dest, k)
         self.cache.v.index_put_(dest, v)
-        keys = self._gather_heads(self.cache.k, rows, width)  # [B, Hq, W, D]
-        values = self._gather_heads(self.cache.v, rows, width)
-        mask = torch.arange(width, device=ids.device) <= draft_pos[..., None]  # [B, M, W]
-        g = self.head.finish(x, _attend_batch(q, keys, values, mask))  # [B, M, H]
+        c = self.cache
+        g = self.head.finish(x, draft_attend(q, c.k, c.v, c.slots, rows, draft_pos + 1, width))  # [B, M, H]
         self.cache.features[rows] = g[torch.arange(b, device=ids.device), last]
 
     def prefill(self, seq: int, tokens: list[int], features: torch.Tensor, *, start: int = 0) -> None:

@@ -23,8 +23,10 @@ into the same slot. The scheduler gives each row ``K * (D + 1)`` fresh slots at 
 ``kv_len ..`` before a window of ``K`` steps (no step can write past them) and frees those past the
 final ``kv_len`` after it.
 
-The step is one CUDA graph per (padded batch, draft key width, acceptance mode: greedy, sampled,
-sampled with top-k/top-p), replayed ``K`` times back to back;
+The step is one CUDA graph per (padded batch, acceptance mode: greedy, sampled, sampled with
+top-k/top-p), replayed ``K`` times back to back (the draft's attention reads its key counts on the
+device, :mod:`.draft_attention`; where its torch reference runs instead, graphs are also keyed by
+the draft key width);
 the host then reads ``[K, B, D + 1]`` tokens and ``[K, B]`` accept lengths in one copy. Tokens a
 row produces after its stop are computed and dropped by the scheduler. Off CUDA the same step runs
 eagerly (how the CPU tests pin it).
@@ -42,9 +44,11 @@ import torch
 import torch.nn.functional as F
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
+from phloem.runtime.layers.fusion import use_skinny
 from phloem.runtime.sampling.sampler import GREEDY_EPS, gumbel_argmax, min_p_drop_mask, top_k_top_p_drop_mask
+from phloem.runtime.speculative.draft_attention import draft_attend, uses_kernel
 from phloem.runtime.speculative.draft_graph import RESERVED_DRAFT_LENGTH, SCRATCH_SEQ
-from phloem.runtime.speculative.eagle import EagleDraftWorker, _attend_batch
+from phloem.runtime.speculative.eagle import EagleDraftWorker
 from phloem.runtime.speculative.verify import GREEDY, SpecSampling
 from phloem.runtime.speculative.verify_graph import TreeVerifyBackend
 
@@ -191,15 +195,6 @@ class ChainWindow:
         )
         (self.pad_row,) = worker.cache.reserve([SCRATCH_SEQ], [1])
         self.arange = torch.arange(self.nodes, device=self.device)
-        # the chain draft's attention bias (module docstring of _draft_chain): key positions, and
-        # per level the path keys it sees, padded to 16 keys; 0 / -inf in the head's dtype
-        dtype = worker.embed_weight.dtype
-        self.extra = -(-max(self.depth - 1, 1) // 16) * 16
-        self.key_index = torch.arange(worker.cache.capacity[1], device=self.device)  # see _graph
-        self.zero = torch.zeros((), dtype=dtype, device=self.device)
-        self.ninf = torch.full((), float("-inf"), dtype=dtype, device=self.device)
-        path = torch.ones(max(self.depth - 1, 1), self.extra, dtype=torch.bool, device=self.device).tril()
-        self.path_bias = torch.where(path, self.zero, self.ninf)  # [D - 1, extra]
         chain = torch.ones(self.nodes, self.nodes, dtype=torch.int8, device=self.device).tril()
         self.chain_mask = chain.expand(self.batch_sizes[-1], -1, -1).contiguous()  # [max_bs, n, n]
         self.graphs: dict[tuple[int, int, str], _Graph] = {}  # (padded batch, key width, mode)
@@ -307,11 +302,11 @@ class ChainWindow:
             self.graphs.clear()
             self.pool = None
             self._storage = self._storage_key()
-            # key positions as long as the cache: replaced only here, with the graphs that read it
-            self.key_index = torch.arange(self.worker.cache.capacity[1], device=self.device)
-        g = self.graphs.get((bs, width, mode))
+        # the attention kernel reads each query's key count on the device: one graph for every width
+        key = (bs, 0 if uses_kernel(self.worker.cache.features) else width, mode)
+        g = self.graphs.get(key)
         if g is None:
-            g = self.graphs[(bs, width, mode)] = _Graph(bs, self.max_steps, self.nodes, self.device)
+            g = self.graphs[key] = _Graph(bs, self.max_steps, self.nodes, self.device)
             if self.capture:
                 self._capture(g, bs, width, mode, host, params)
         return g
@@ -373,26 +368,25 @@ class ChainWindow:
         self, drows: torch.Tensor, dlen: torch.Tensor, offset: torch.Tensor, width: int
     ) -> torch.Tensor:
         """``D`` greedy draft tokens per row (target vocabulary), the chain
-        :meth:`EagleDraftWorker._grow_core` grows with ``topk == 1`` without its scores: level
-        ``l`` writes its K/V at key ``width + l - 1`` and sees the committed keys and its own
-        path. The path keys are padded to a multiple of 16 and the mask is an additive bias in the
-        head's dtype: the fused attention kernel then takes it as is (a boolean or unaligned mask
-        costs it a conversion and a padded copy per call)."""
-        w, b, depth = self.worker, drows.shape[0], self.depth
-        g = w.cache.features[drows]  # [B, H]
-        keys = w._gather_heads(w.cache.k, drows, width, self.extra)  # [B, Hq, W + extra, D]
-        values = w._gather_heads(w.cache.v, drows, width, self.extra)
-        committed = torch.where(self.key_index[:width] < dlen[:, None], self.zero, self.ninf)  # [B, W]
+        :meth:`EagleDraftWorker._grow_core` grows with ``topk == 1`` without its scores. Level
+        ``l`` writes its K/V into the row's draft cache at entry ``dlen + l - 1``, past the
+        committed ones, and sees entries ``0 .. dlen + l - 1``: the committed keys and its own
+        path (:mod:`.draft_attention`). The step's catch-up writes those entries again with the
+        accepted tokens' K/V (it writes ``D + 1`` entries from ``dlen``), so a rejected draft's
+        K/V is never read as committed."""
+        w, c = self.worker, self.worker.cache
+        g = c.features[drows]  # [B, H]
         root_pos = offset + dlen - 1
         token = w.token_map[self._draft_argmax(g)]  # [B]
         out = [token]
-        for level in range(1, depth):
+        for level in range(1, self.depth):
+            entry = (dlen + level - 1)[:, None]  # [B, 1]
             x, q, k, v = w.head.project(F.embedding(token[:, None], w.embed_weight), g[:, None],
                                         (root_pos + level)[:, None])  # fmt: skip
-            keys[:, :, width + level - 1 : width + level] = w._heads(k)
-            values[:, :, width + level - 1 : width + level] = w._heads(v)
-            bias = torch.cat([committed, self.path_bias[level - 1].expand(b, -1)], dim=-1)[:, None]
-            g = w.head.finish(x, _attend_batch(q, keys, values, bias))[:, 0]  # [B, H]
+            c.k.index_put_((drows[:, None], entry), k)
+            c.v.index_put_((drows[:, None], entry), v)
+            attn = draft_attend(q, c.k, c.v, c.slots, drows, entry + 1, width + self.depth)
+            g = w.head.finish(x, attn)[:, 0]  # [B, H]
             token = w.token_map[self._draft_argmax(g)]
             out.append(token)
         return torch.stack(out, dim=1)
@@ -403,6 +397,10 @@ class ChainWindow:
         cast, so the copy to float32 is skipped on CUDA)."""
         w = self.worker
         if g.is_cuda:
+            if use_skinny(g, w.lm_weight):  # one row: the skinny kernel, not the GEMM library's tiles
+                from phloem.runtime.layers.skinny_gemm import skinny_linear
+
+                return _argmax(skinny_linear(g, w.lm_weight))
             return _argmax(F.linear(g, w.lm_weight))
         return w.draft_logits(g).max(dim=-1).indices
 

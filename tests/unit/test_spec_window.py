@@ -431,11 +431,14 @@ def test_sampled_windows_through_the_scheduler(runner):
     assert spec.window.steps > 0
 
 
-def test_a_cache_growth_drops_the_graphs_with_the_key_positions_they_read(runner):
+def test_a_cache_growth_drops_the_graphs_and_renews_the_slot_table(runner):
     base = random_worker(runner, seed=3, num_steps=3, topk=1, num_draft_tokens=4)
     _, window = _windows(runner, base, PROMPTS[:2], [4], capture=False)
-    assert window.graphs and window.key_index.numel() == base.cache.capacity[1]
+    assert window.graphs
+    old_slots = base.cache.slots
     base.cache.ensure(rows=0, length=2 * base.cache.capacity[1])  # a long prompt arrived
     window._graph(1, 64, "greedy", window._host_state([], [], [], 1), window._host_params([], 1))
     assert list(window.graphs) == [(1, 64, "greedy")]  # the old ones are gone
-    assert window.key_index.numel() == base.cache.capacity[1]
+    rows, length = base.cache.capacity
+    assert base.cache.slots.shape == (rows, length) and old_slots.shape[1] == length // 2
+    assert torch.equal(base.cache.slots.flatten(), torch.arange(rows * length))
