@@ -2,7 +2,7 @@
 row counts, on a CUDA device.
 
 For every projection of SmolLM2-135M, Qwen3-0.6B and Llama-3-8B (``[N, K]`` weights, bfloat16)
-and 1, 4, 8, 16 rows (``--rows``): device microseconds per call (a CUDA graph of 50 calls, median replay, as
+and 1, 4, 8, 16 rows: device microseconds per call (a CUDA graph of 50 calls, median replay, as
 in a captured decode step; the calls cycle over copies of the weight that together exceed L2 five
 times, so each reads its weight from HBM as in a real step), the floor (weight + input + output bytes / measured copy bandwidth),
 and the kernel's relative error against ``F.linear``. ``--sweep`` also times a grid of block
@@ -76,25 +76,23 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
-def bench_shapes(bandwidth: float, rows: list[int] = ROWS) -> list[dict]:
-    from phloem.runtime.layers.skinny_gemm import FMA_MAX_ROWS, pick_config, skinny_linear
+def bench_shapes(bandwidth: float) -> list[dict]:
+    from phloem.runtime.layers.skinny_gemm import pick_config, skinny_linear
 
     rows_out = []
     for model, projections in SHAPES.items():
         for name, (n, k) in projections.items():
             ws = cold_weights(n, k)
             w = ws[0]
-            for m in rows:
+            for m in ROWS:
                 x = torch.randn(m, k, device="cuda").to(DTYPE)
                 ref = F.linear(x, w)
-                path = "one row" if m == 1 else "multiply-add" if m <= FMA_MAX_ROWS else "dot"
                 out = skinny_linear(x, w)
                 floor_us = (n * k + m * k + m * n) * 2 / bandwidth * 1e6
                 lib = graph_us(Cycle(F.linear, x, ws), calls=cold_calls(ws))
                 ours = graph_us(Cycle(skinny_linear, x, ws), calls=cold_calls(ws))
                 row = {"model": model, "proj": name, "n": n, "k": k, "rows": m,
-                       "path": path, "config": pick_config(n, k, 1 if m <= FMA_MAX_ROWS else m)._asdict(),
-                       "floor_us": round(floor_us, 3),
+                       "config": pick_config(n, k, m)._asdict(), "floor_us": round(floor_us, 3),
                        "linear_us": round(lib, 3), "skinny_us": round(ours, 3),
                        "speedup": round(lib / ours, 3), "rel_err": _rel(out, ref)}  # fmt: skip
                 rows_out.append(row)
@@ -141,12 +139,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true", help="also time a grid of block sizes")
-    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts (1-16)")
     args = ap.parse_args()
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
     with torch.inference_mode():
-        shapes = bench_shapes(bandwidth, [int(r) for r in args.rows.split(",")])
+        shapes = bench_shapes(bandwidth)
         best = sweep(bandwidth) if args.sweep else []
     report = {
         **run_record("skinny_bench", DTYPE, bandwidth),

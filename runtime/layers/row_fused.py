@@ -20,12 +20,8 @@ out, the residual stream the next norm adds to. Rounding differs from the unfuse
 place: the normalized row and the gate/up values are not rounded to 16 bits before use (the
 oracle is the unfused torch path: ``add_rms_norm_ref``, ``F.linear``, ``silu_and_mul_ref``).
 
-Two to ``skinny_gemm.FMA_MAX_ROWS`` rows whose ``K`` fits the one-row kernel's single chunk (a
-speculative verify pass, the draft head's catch-up, small-batch decode of a small model) run the
-one-row computation for each row in turn over a weight tile read once (``_norm_fma_rows_kernel``):
-each row's result is bit for bit its one-row result.
-
-Other row counts up to :data:`MAX_ROWS` take a kernel built on ``tl.dot``, whose operands must be 16-bit. A program takes 16 rows and
+Two to :data:`MAX_ROWS` rows (small-batch decode, a speculative verify pass, the draft head) take
+a second kernel built on ``tl.dot``, whose operands must be 16-bit. A program takes 16 rows and
 ``BLOCK_N`` columns (more rows: more programs, each reading its weight tile, from L2 after the
 first). It sums ``h^2`` over the whole of its rows (``h`` is small and stays in L2), normalizes
 them exactly as the separate norm kernel does (``h * r * g`` rounded to the activation dtype) and
@@ -42,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
-from phloem.runtime.layers.skinny_gemm import FMA_MAX_ROWS, SkinnyConfig, pick_config
+from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
 
 __all__ = [
     "MAX_ROWS",
@@ -130,48 +126,6 @@ def _norm_row_kernel(
     if GLU:
         y = y * tl.sigmoid(y) * (acc_b * r)
     tl.store(y_ptr + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
-
-
-@triton.jit
-def _norm_fma_rows_kernel(
-    x_ptr, res_ptr, h_ptr, g_ptr, w_ptr, b_ptr, y_ptr,
-    N, K, HALF, stride_xm, stride_rm, stride_ym, stride_wn, eps,
-    ROWS: tl.constexpr, HAS_RES: tl.constexpr, HAS_BIAS: tl.constexpr, GLU: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
-):  # fmt: skip
-    # grid: (cdiv(N, BLOCK_N),); K fits one chunk. The weight tile is read once; each of the ROWS
-    # rows then runs the one-row kernel's single chunk, so its result is bit for bit the one-row
-    # kernel's. h is written contiguous ([ROWS, K]) by program 0.
-    pdl_trigger(PDL)
-    pid = tl.program_id(0)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    n_mask = offs_n < N
-    w_mask = n_mask[:, None] & (offs_k < K)[None, :]
-    w_a = tl.load(w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn + offs_k[None, :], mask=w_mask, other=0.0)
-    w_b = w_a
-    if GLU:  # up rows
-        w_b = tl.load(w_ptr + (offs_n + HALF).to(tl.int64)[:, None] * stride_wn + offs_k[None, :], mask=w_mask,
-                      other=0.0)  # fmt: skip
-    bias = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    if HAS_BIAS:
-        bias = tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)
-    pdl_wait(PDL)
-    for m in tl.static_range(ROWS):
-        acc_a = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        acc_b = tl.zeros((BLOCK_N,), dtype=tl.float32)
-        sq = tl.zeros((BLOCK_K,), dtype=tl.float32)
-        acc_a, acc_b, sq = _norm_row_chunk(
-            0, w_a, w_b, acc_a, acc_b, sq, x_ptr + m * stride_xm, res_ptr + m * stride_rm, h_ptr + m * K,
-            g_ptr, pid, offs_k, K, HAS_RES, GLU,
-        )  # fmt: skip
-        r = 1.0 / tl.sqrt(tl.sum(sq, axis=0) / K + eps)
-        y = acc_a * r
-        if HAS_BIAS:
-            y += bias
-        if GLU:
-            y = y * tl.sigmoid(y) * (acc_b * r)
-        tl.store(y_ptr + m * stride_ym + offs_n, y.to(y_ptr.dtype.element_ty), mask=n_mask)
 
 
 @triton.jit
@@ -355,9 +309,7 @@ def norm_linear_rows(
     res = residual.contiguous() if residual is not None else x
     h = torch.empty_like(x) if residual is not None else x
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    # 2..FMA_MAX_ROWS rows whose K fits the one-row path's single chunk: that path, row by row
-    fma = 1 < m <= FMA_MAX_ROWS and k <= row_config(n_rows, k, glu=glu).block_k
-    cfg = config or row_config(n_rows, k, glu=glu, rows=1 if fma else m)
+    cfg = config or row_config(n_rows, k, glu=glu, rows=m)
     pdl = pdl_enabled(x.device)
     grid = (triton.cdiv(n, cfg.block_n), triton.cdiv(m, _ROWS_PER_PROGRAM))
     common = dict(HAS_RES=residual is not None, HAS_BIAS=bias is not None, GLU=glu,
@@ -368,11 +320,6 @@ def norm_linear_rows(
         _norm_row_kernel[grid](
             x, res, h, norm_weight, weight, b, y, n, k, n, weight.stride(0), float(eps), **common
         )
-    elif cfg.block_k >= k and fma:
-        _norm_fma_rows_kernel[grid](
-            x, res, h, norm_weight, weight, b, y,
-            n, k, n, x.stride(0), res.stride(0), y.stride(0), weight.stride(0), float(eps), ROWS=m, **common,
-        )  # fmt: skip
     else:
         _norm_rows_kernel[grid](
             x, res, h, norm_weight, weight, b, y,

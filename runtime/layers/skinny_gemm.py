@@ -11,12 +11,9 @@ rows of ``x`` together. What one call computes, as a plain loop::
         acc[:, n] = sum_k x[:, k] * W[n, k]  # float32 accumulation, k in BLOCK_K chunks
         y[:, n] = (acc[:, n] + b[n]).to(out_dtype)
 
-One row (``M == 1``) reduces with multiply-adds. So do 2 to :data:`FMA_MAX_ROWS` rows: the
-program reads its tile of ``W`` once and runs the one-row reduction for each row in turn, with the
-one-row block sizes, so each row's result is bit for bit its one-row result (a verify pass's
-logits equal a decode step's projections'). More rows use ``tl.dot`` with the rows padded to 16.
-The block sizes depend on ``(N, K)`` and the path only (:func:`pick_config`), so a row's result
-does not depend on how many rows share a call of one path. :func:`skinny_wins` says where the kernel
+One row (``M == 1``) reduces with multiply-adds; 2-16 rows use ``tl.dot`` with the rows padded to
+16. The block sizes depend on ``(N, K)`` and the path only (:func:`pick_config`), so a row's result
+does not depend on how many rows share a dot-path call. :func:`skinny_wins` says where the kernel
 is faster than the GEMM library; the layers route there only. The grid depends on shapes only,
 so the call can be captured in a CUDA graph.
 
@@ -36,14 +33,9 @@ import triton
 import triton.language as tl
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
-__all__ = ["FMA_MAX_ROWS", "MAX_ROWS", "SkinnyConfig", "pick_config", "skinny_linear", "skinny_wins"]
+__all__ = ["MAX_ROWS", "SkinnyConfig", "pick_config", "skinny_linear", "skinny_wins"]
 
 MAX_ROWS = 16  # rows of x this kernel takes; more go to the GEMM library
-# rows that take the multiply-add path (the one-row reduction per row); more take tl.dot. The
-# environment may lower it for A/B measurement (1: every 2-16-row call on the dot path).
-FMA_MAX_ROWS = max(1, min(MAX_ROWS, int(os.environ.get("PHLOEM_SKINNY_FMA_MAX_ROWS", "8"))))
-# weights up to this many elements route their 2..FMA_MAX_ROWS-row calls here (skinny_wins)
-FMA_WIN_MAX_ELEMENTS = int(os.environ.get("PHLOEM_SKINNY_FMA_MAX_ELEMENTS", str(1 << 25)))
 _DTYPES = (torch.float16, torch.bfloat16)
 # Triton's CPU interpreter multiplies bfloat16 dot operands wrongly; there the dot path works on
 # float32 copies of the tiles (the compiled kernel keeps 16-bit operands).
@@ -76,17 +68,16 @@ def pick_config(n: int, k: int, rows: int) -> SkinnyConfig:
 
 def skinny_wins(n: int, k: int, rows: int) -> bool:
     """Whether this kernel beat the GEMM library for ``rows`` rows of an ``[N, K]`` weight read
-    from HBM: always on the multiply-add path (up to :data:`FMA_MAX_ROWS` rows); on the dot path
-    only on weights at least as long as they are wide (attention output, MLP down), where the
-    library's tiles leave most of the GPU idle."""
-    return rows <= 1 or k >= n or (rows <= FMA_MAX_ROWS and n * k <= FMA_WIN_MAX_ELEMENTS)
+    from HBM: always for one row; for 2-16 rows only on weights at least as long as they are wide
+    (attention output, MLP down), where the library's tiles leave most of the GPU idle."""
+    return rows <= 1 or k >= n
 
 
 @triton.jit
 def _skinny_kernel(
     x_ptr, w_ptr, b_ptr, y_ptr,
     M, N, K, stride_xm, stride_wn, stride_ym,
-    HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, FMA_ROWS: tl.constexpr, UPCAST: tl.constexpr,
+    HAS_BIAS: tl.constexpr, ONE_ROW: tl.constexpr, UPCAST: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (cdiv(N, BLOCK_N),); every program reads its BLOCK_N rows of W once
@@ -96,31 +87,7 @@ def _skinny_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     n_mask = offs_n < N
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_wn
-    if FMA_ROWS > 0:
-        # FMA_ROWS rows (= M), each reduced exactly as the one-row path reduces it; the chunks of
-        # W are read once, the rows of x (small, from L2) once per chunk
-        offs_m = tl.arange(0, BLOCK_M)
-        acc_m = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        k_mask = offs_k < K
-        w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-        pdl_wait(PDL)
-        for m in tl.static_range(FMA_ROWS):
-            x = tl.load(x_ptr + m * stride_xm + offs_k, mask=k_mask, other=0.0)
-            part = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-            acc_m = tl.where(offs_m[:, None] == m, part[None, :], acc_m)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            kk = k0 + offs_k
-            k_mask = kk < K
-            w = tl.load(w_rows + kk[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-            for m in tl.static_range(FMA_ROWS):
-                x = tl.load(x_ptr + m * stride_xm + kk, mask=k_mask, other=0.0)
-                part = tl.sum(w.to(tl.float32) * x.to(tl.float32)[None, :], axis=1)
-                acc_m = tl.where(offs_m[:, None] == m, acc_m + part[None, :], acc_m)
-        if HAS_BIAS:
-            acc_m += tl.load(b_ptr + offs_n, mask=n_mask, other=0.0).to(tl.float32)[None, :]
-        y = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        tl.store(y, acc_m.to(y_ptr.dtype.element_ty), mask=(offs_m < FMA_ROWS)[:, None] & n_mask[None, :])
-    elif ONE_ROW:
+    if ONE_ROW:
         # the first chunk of W is read before waiting on the previous kernel (PDL): no kernel of
         # the step writes weights
         k_mask = offs_k < K
@@ -195,15 +162,13 @@ def skinny_linear(
             if bias is not None:
                 y += bias
         else:
-            fma = 1 < m <= FMA_MAX_ROWS
-            cfg = config or pick_config(n, k, 1 if fma else m)
+            cfg = config or pick_config(n, k, m)
             pdl = pdl_enabled(x.device)
-            block_m = 1 if m == 1 else triton.next_power_of_2(m) if fma else MAX_ROWS
             _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
                 x2, weight, bias if bias is not None else weight, y,
                 m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                HAS_BIAS=bias is not None, ONE_ROW=m == 1, FMA_ROWS=m if fma else 0, UPCAST=_INTERPRETED,
-                BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
+                HAS_BIAS=bias is not None, ONE_ROW=m == 1, UPCAST=_INTERPRETED,
+                BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
             )  # fmt: skip
     return y.reshape(*x.shape[:-1], n)
