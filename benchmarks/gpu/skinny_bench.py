@@ -2,7 +2,7 @@
 row counts, on a CUDA device.
 
 For every projection of SmolLM2-135M, Qwen3-0.6B and Llama-3-8B (``[N, K]`` weights, bfloat16)
-and 1, 4, 8, 16 rows: device microseconds per call (a CUDA graph of 50 calls, median replay, as
+and 1, 4, 8, 16 rows (``--rows``): device microseconds per call (a CUDA graph of 50 calls, median replay, as
 in a captured decode step; the calls cycle over copies of the weight that together exceed L2 five
 times, so each reads its weight from HBM as in a real step), the floor (weight + input + output bytes / measured copy bandwidth),
 and the kernel's relative error against ``F.linear``. ``--sweep`` also times a grid of block
@@ -76,7 +76,7 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
     return float((out.double() - ref.double()).norm() / ref.double().norm())
 
 
-def bench_shapes(bandwidth: float) -> list[dict]:
+def bench_shapes(bandwidth: float, rows: list[int] = ROWS) -> list[dict]:
     from phloem.runtime.layers.skinny_gemm import pick_config, skinny_linear
 
     rows_out = []
@@ -84,7 +84,7 @@ def bench_shapes(bandwidth: float) -> list[dict]:
         for name, (n, k) in projections.items():
             ws = cold_weights(n, k)
             w = ws[0]
-            for m in ROWS:
+            for m in rows:
                 x = torch.randn(m, k, device="cuda").to(DTYPE)
                 ref = F.linear(x, w)
                 out = skinny_linear(x, w)
@@ -139,11 +139,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep", action="store_true", help="also time a grid of block sizes")
+    ap.add_argument("--rows", default=",".join(map(str, ROWS)), help="comma-separated row counts (1-16)")
     args = ap.parse_args()
     bandwidth = copy_bandwidth()
     print(f"copy bandwidth {bandwidth / 1e12:.2f} TB/s (read + write)", flush=True)
     with torch.inference_mode():
-        shapes = bench_shapes(bandwidth)
+        shapes = bench_shapes(bandwidth, [int(r) for r in args.rows.split(",")])
         best = sweep(bandwidth) if args.sweep else []
     report = {
         **run_record("skinny_bench", DTYPE, bandwidth),
