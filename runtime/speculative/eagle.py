@@ -287,8 +287,10 @@ class DraftKVCache:
     write and returned by :meth:`release`; batched code gathers rows with one index tensor. Rows
     and length start small and double when a write needs more (all rows share the length). The
     catch-up writes here, and so does a window's chain draft, past the committed entries, where
-    the step's catch-up writes again (:mod:`.window`); tree drafting uses temporary tensors. Entries past a sequence's length
-    are stale but finite (the store starts zeroed), so masked-out keys never produce NaN.
+    the step's catch-up writes again (:mod:`.window`); tree drafting uses temporary tensors.
+    Entries past a sequence's length are stale but finite (the store starts zeroed), so
+    masked-out keys never produce NaN. ``slots`` ``[rows, length]`` numbers the entries as one
+    token pool, for the decode kernel of :mod:`.draft_attention`.
     """
 
     def __init__(
