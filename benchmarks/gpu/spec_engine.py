@@ -8,8 +8,10 @@ For every configuration (plain decoding, EAGLE chain, EAGLE trees, n-gram) one E
 GPU with CUDA graphs on (the same engine, only ``--speculative-*`` differ), and for each batch size
 the held-out prompts of the head's training file (chat-templated, repeated to fill the batch) are
 generated greedily with ``max_new_tokens`` tokens; batch 1 serves the twelve prompts one after
-another. Output tokens/s is over the timed calls, which follow identical warm-up calls (and a
-flush of the prefix cache); accept length is tokens per verify over all requests. Outputs are compared with plain decoding token for token (``match``: the share of requests whose ids are
+another. Output tokens/s is the median of ``--repeats`` timed passes (default 3), which follow
+identical warm-up calls, each after a flush of the prefix cache; accept length is tokens per
+verify over all requests and passes. Outputs are compared with plain decoding token for token
+(``match``: the share of requests whose ids are
 identical; bf16 verify passes and decode steps may round differently, so this can fall below 1
 without a bug: the float32 tests are the correctness check).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -55,8 +58,10 @@ def _prompts(tokenizer_path: str | None, model: str | None) -> list[str]:
     ]
 
 
-def _run(engine: Any, prompts: list[str], batch: int, max_new: int) -> dict[str, Any]:
-    """One timed pass at ``batch``. Batch 1 serves every prompt in turn, one request at a time, so
+def _run(engine: Any, prompts: list[str], batch: int, max_new: int, repeats: int = 1) -> dict[str, Any]:
+    """One warm-up and ``repeats`` timed passes at ``batch``; ``tok_s`` is the median pass (a
+    batch-1 pass is about a second of short requests, and single passes moved by 20-28% between
+    runs of one configuration). Batch 1 serves every prompt in turn, one request at a time, so
     its accept length covers all the held-out prompts, not the first one only; larger batches
     take the prompts round-robin to fill one ``generate`` call."""
     if batch == 1:
@@ -68,18 +73,22 @@ def _run(engine: Any, prompts: list[str], batch: int, max_new: int) -> dict[str,
     # first use (EAGLE draft graphs per key width) are not timed
     for r in rounds:
         engine.generate(r, sampling_params=params)
-    engine.flush_cache()  # the timed calls prefill again (a cached prompt would start EAGLE's draft late)
-    outs: list[dict[str, Any]] = []
-    t = time.perf_counter()
-    for r in rounds:
-        outs += engine.generate(r, sampling_params=params)
-    dt = time.perf_counter() - t
-    toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
-    metas = [o["meta_info"] for o in outs]
+    passes: list[tuple[float, list[dict[str, Any]]]] = []
+    for _ in range(max(1, repeats)):
+        engine.flush_cache()  # the timed calls prefill again (a cached prompt would start EAGLE's draft late)
+        outs: list[dict[str, Any]] = []
+        t = time.perf_counter()
+        for r in rounds:
+            outs += engine.generate(r, sampling_params=params)
+        passes.append((time.perf_counter() - t, outs))
+    rates = [sum(o["meta_info"]["completion_tokens"] for o in outs) / dt for dt, outs in passes]
+    metas = [o["meta_info"] for _, outs in passes for o in outs]
     verifies = sum(m.get("spec_verify_ct", 0) for m in metas)
     accepted = sum(m.get("spec_accept_length", 0.0) * m.get("spec_verify_ct", 0) for m in metas)
-    accept = accepted / verifies if verifies else 0.0  # tokens per verify over all requests
-    return {"seconds": dt, "output_tokens": toks, "tok_s": toks / dt, "requests": len(outs),
+    accept = accepted / verifies if verifies else 0.0  # tokens per verify over all requests and passes
+    dt, outs = passes[0]
+    return {"seconds": dt, "output_tokens": sum(o["meta_info"]["completion_tokens"] for o in outs),
+            "tok_s": statistics.median(rates), "tok_s_passes": rates, "requests": len(outs),
             "accept_length": accept, "ids": [o["output_ids"] for o in outs]}  # fmt: skip
 
 
@@ -90,6 +99,9 @@ def main() -> None:
     p.add_argument("--head", default=None, help="EAGLE head (default: the shipped one)")
     p.add_argument("--batch-sizes", default="1,8,32")
     p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed passes per batch size (the median is reported)"
+    )
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test)")
@@ -112,7 +124,7 @@ def main() -> None:
             startup = time.perf_counter() - t
             results[name] = {"settings": extra, "startup_s": round(startup, 1)}
             for b in batches:
-                r = _run(eng, prompts, b, args.max_new_tokens)
+                r = _run(eng, prompts, b, args.max_new_tokens, args.repeats)
                 ids = r.pop("ids")
                 if name == "plain":
                     plain_ids[b] = ids

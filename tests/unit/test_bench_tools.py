@@ -47,3 +47,36 @@ def test_ratio_table_uses_medians():
     assert ratios["output_throughput"]["ratio"] == 4.0
     assert ratios["mean_ttft_ms"]["ratio"] == 1.0 and ratios["cache_hit_rate"]["ratio"] is None
     assert "output tok/s" in text and "failed requests" in text
+
+
+def test_spec_engine_reports_the_median_pass_and_accept_over_all_passes(monkeypatch):
+    """``spec_engine._run`` against a fake engine: one warm-up, then ``repeats`` timed passes each
+    after a cache flush; tok/s is the median pass, the accept length pools every verify."""
+    from benchmarks.gpu import spec_engine
+
+    clock = iter([0.0, 1.0, 10.0, 12.0, 20.0, 20.5])  # passes of 1 s, 2 s and 0.5 s
+    monkeypatch.setattr(spec_engine.time, "perf_counter", lambda: next(clock))
+
+    class FakeEngine:
+        def __init__(self) -> None:
+            self.calls: list[str] = []
+            self.n = 0
+
+        def flush_cache(self) -> None:
+            self.calls.append("flush")
+
+        def generate(self, prompts, sampling_params):  # noqa: ANN001
+            self.calls.append("generate")
+            self.n += 1
+            accept = 2.0 if self.n % 2 else 3.0  # with 4 verifies on odd calls, 2 on even ones
+            return [{"meta_info": {"completion_tokens": 10, "spec_accept_length": accept,
+                                   "spec_verify_ct": 4 if self.n % 2 else 2},
+                     "output_ids": [1, 2, 3]} for _ in prompts]  # fmt: skip
+
+    eng = FakeEngine()
+    r = spec_engine._run(eng, ["a", "b"], batch=2, max_new=4, repeats=3)
+    assert eng.calls == ["generate", "flush", "generate", "flush", "generate", "flush", "generate"]
+    assert r["tok_s_passes"] == [20.0, 10.0, 40.0] and r["tok_s"] == 20.0
+    # the timed passes are generate calls 2, 3, 4: verify counts 2, 4, 2 with accept 3, 2, 3
+    assert r["accept_length"] == pytest.approx((2 * 3 + 4 * 2 + 2 * 3) / (2 + 4 + 2))
+    assert r["requests"] == 2 and r["ids"] == [[1, 2, 3], [1, 2, 3]]
