@@ -52,10 +52,12 @@ def test_ratio_table_uses_medians():
 def test_spec_engine_reports_the_median_pass_and_accept_over_all_passes(monkeypatch):
     """``spec_engine._run`` against a fake engine: one warm-up, then ``repeats`` timed passes each
     after a cache flush; tok/s is the median pass, the accept length pools every verify."""
-    from benchmarks.gpu import spec_engine
+    from types import SimpleNamespace
+
+    from phloem.bench.gpu import spec_engine
 
     clock = iter([0.0, 1.0, 10.0, 12.0, 20.0, 20.5])  # passes of 1 s, 2 s and 0.5 s
-    monkeypatch.setattr(spec_engine.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(spec_engine, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
 
     class FakeEngine:
         def __init__(self) -> None:
