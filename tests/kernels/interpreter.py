@@ -25,6 +25,15 @@ def run_interpreted(module: str, *args: str, timeout: float = 300) -> subprocess
     )
 
 
+def assert_interpreted_cases_pass(module: str, expected: int) -> None:
+    """Run a case module under the interpreter (:func:`run_interpreted`): it must exit 0 and print
+    exactly ``expected`` ``ok`` lines (so a case that silently stopped running fails too)."""
+    proc = run_interpreted(module)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
+    assert passed == expected, proc.stdout
+
+
 def run_checks(checks: Iterable[tuple[str, Callable[[], object]]]) -> int:
     """Run each ``(name, check)``; print ``ok   name [result]`` or ``FAIL name: error`` per check
     (the interpreter tests count the ``ok`` lines) and return the number of failures. A float

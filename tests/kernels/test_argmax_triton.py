@@ -15,7 +15,7 @@ from phloem.runtime.executor.model_runner import greedy_sampling_info
 from phloem.runtime.sampling.sampler import Sampler
 
 from .argmax_cases import SHAPES, SMALL_SHAPES, check_argmax
-from .interpreter import run_interpreted
+from .interpreter import assert_interpreted_cases_pass
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -52,10 +52,7 @@ def test_greedy_sampler_routes_by_vocabulary_and_matches_torch(vocab: int, monke
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
 def test_argmax_under_interpreter() -> None:
-    proc = run_interpreted("tests.kernels.argmax_cases")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
-    assert passed == 2 * len(SMALL_SHAPES), proc.stdout
+    assert_interpreted_cases_pass("tests.kernels.argmax_cases", 2 * len(SMALL_SHAPES))
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from .draft_attention_cases import SHAPES, SMALL_SHAPES, check_draft_attention
-from .interpreter import run_interpreted
+from .interpreter import assert_interpreted_cases_pass
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -53,7 +53,4 @@ def test_kernel_matches_reference(shape, dtype: str) -> None:  # type: ignore[no
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernel is tested instead")
 def test_kernel_under_interpreter() -> None:
-    proc = run_interpreted("tests.kernels.draft_attention_cases")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
-    assert passed == 2 * len(SMALL_SHAPES), proc.stdout
+    assert_interpreted_cases_pass("tests.kernels.draft_attention_cases", 2 * len(SMALL_SHAPES))

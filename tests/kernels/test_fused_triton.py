@@ -34,7 +34,7 @@ from .fused_cases import (
     check_silu_and_mul,
     rel_err,
 )
-from .interpreter import run_interpreted
+from .interpreter import assert_interpreted_cases_pass
 
 requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -91,11 +91,8 @@ def test_rope_store_fp8_matches_set_kv(shape: tuple[int, int, int, int], dtype: 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
 def test_fused_kernels_under_interpreter() -> None:
-    proc = run_interpreted("tests.kernels.fused_cases")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
     cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + 3 * len(SMALL_ROPE_SHAPES)
-    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
-    assert passed == cases * len(DTYPES), proc.stdout
+    assert_interpreted_cases_pass("tests.kernels.fused_cases", cases * len(DTYPES))
 
 
 # ---- the decoder layer ----------------------------------------------------------------------------

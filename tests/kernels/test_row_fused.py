@@ -18,7 +18,7 @@ from phloem.runtime.executor.model_runner import DirectBatcher
 from phloem.runtime.layers.fusion import set_row_fusion, set_skinny_gemm, skinny_gemm_enabled, use_row_fusion
 
 from .fused_cases import REL_TOL, rel_err
-from .interpreter import run_interpreted
+from .interpreter import assert_interpreted_cases_pass
 from .row_fused_cases import (
     DTYPES,
     ROWS,
@@ -64,10 +64,9 @@ def test_norm_linear_rejects_bad_calls_cuda() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernel is tested instead")
 def test_norm_linear_under_interpreter() -> None:
-    proc = run_interpreted("tests.kernels.row_fused_cases")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
-    assert passed == len(SMALL_SHAPES) * len(VARIANTS) * len(SMALL_ROWS) * len(DTYPES) + 1, proc.stdout
+    assert_interpreted_cases_pass(
+        "tests.kernels.row_fused_cases", len(SMALL_SHAPES) * len(VARIANTS) * len(SMALL_ROWS) * len(DTYPES) + 1
+    )
 
 
 def test_routing_rule(restore_switches) -> None:

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from phloem.runtime.layers.fusion import SKINNY_MAX_ROWS, set_skinny_gemm, skinny_gemm_enabled, use_skinny
 
 from .fused_cases import REL_TOL, rel_err
-from .interpreter import run_interpreted
+from .interpreter import assert_interpreted_cases_pass
 from .skinny_cases import DTYPES, ROWS, SHAPES, SMALL_SHAPES, check_rejects, check_skinny
 from .test_fused_triton import batches, layered_forward, make_runner
 
@@ -49,10 +49,9 @@ def test_skinny_rejects_bad_calls_cuda() -> None:
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernel is tested instead")
 def test_skinny_under_interpreter() -> None:
-    proc = run_interpreted("tests.kernels.skinny_cases")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
-    assert passed == len(SMALL_SHAPES) * len(ROWS) * len(DTYPES) + 1, proc.stdout
+    assert_interpreted_cases_pass(
+        "tests.kernels.skinny_cases", len(SMALL_SHAPES) * len(ROWS) * len(DTYPES) + 1
+    )
 
 
 def test_routing_rules(restore_skinny) -> None:
