@@ -13,7 +13,7 @@ import torch
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
 from phloem.runtime.attention.triton_kernels import (
     decode_attention,
-    decode_num_splits,
+    decode_scratch,
     extend_attention,
     extend_block_table,
 )
@@ -47,13 +47,10 @@ class TritonBackend(AttentionBackend):
             self.block_req, self.block_m = extend_block_table(fi.extend_lens, fi.num_tokens)
 
     def _init_decode_scratch(self, batch: int, device: torch.device) -> None:
-        splits = decode_num_splits(batch, self.kv_pool.num_kv_heads, self.kv_pool.head_dim)
-        block_d = max(16, 1 << (self.kv_pool.head_dim - 1).bit_length())
         # Shared by every layer of this batch; each layer overwrites all of it.
-        self.part_o = torch.empty(
-            (batch, self.num_heads, splits, block_d), dtype=torch.float32, device=device
+        self.part_o, self.part_lse = decode_scratch(
+            batch, self.num_heads, self.kv_pool.num_kv_heads, self.kv_pool.head_dim, device
         )
-        self.part_lse = torch.empty((batch, self.num_heads, splits), dtype=torch.float32, device=device)
 
     def rotate(
         self,

@@ -34,7 +34,13 @@ import triton
 import triton.language as tl
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
-__all__ = ["decode_attention", "extend_attention", "extend_block_table", "decode_num_splits"]
+__all__ = [
+    "decode_attention",
+    "decode_num_splits",
+    "decode_scratch",
+    "extend_attention",
+    "extend_block_table",
+]
 
 _MAX_SPLITS = 16
 _TARGET_PROGRAMS = 2 * 132  # two waves on an H100/H200 (132 SMs); fine elsewhere too
@@ -325,6 +331,19 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int) -> int:
     if head_dim >= 128:
         return max(_MIN_SPLITS, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS_WIDE, work)))
     return max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, work)))
+
+
+def decode_scratch(
+    batch_size: int, num_q_heads: int, num_kv_heads: int, head_dim: int, device: torch.device | str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` float32 scratch of
+    :func:`decode_attention`, with ``S`` from :func:`decode_num_splits`."""
+    splits = decode_num_splits(batch_size, num_kv_heads, head_dim)
+    part_o = torch.empty(
+        (batch_size, num_q_heads, splits, _block_d(head_dim)), dtype=torch.float32, device=device
+    )
+    part_lse = torch.empty((batch_size, num_q_heads, splits), dtype=torch.float32, device=device)
+    return part_o, part_lse
 
 
 def decode_attention(

@@ -58,18 +58,15 @@ def attend_kernel(
     limits: torch.Tensor,
 ) -> torch.Tensor:
     """:func:`draft_attend` through the split-KV decode kernel (module docstring)."""
-    from phloem.runtime.attention.triton_kernels import _block_d, decode_attention, decode_num_splits
+    from phloem.runtime.attention.triton_kernels import decode_attention, decode_scratch
 
     b, m, hq, d = q.shape
     r, n, hk, _ = k_store.shape
     flat_q = q.reshape(b * m, hq, d)
     if flat_q.stride(-1) != 1:
         flat_q = flat_q.contiguous()
-    queries = b * m
-    splits = decode_num_splits(queries, hk, d)
-    out = q.new_empty((queries, hq, d))
-    part_o = torch.empty((queries, hq, splits, _block_d(d)), dtype=torch.float32, device=q.device)
-    part_lse = torch.empty((queries, hq, splits), dtype=torch.float32, device=q.device)
+    out = q.new_empty((b * m, hq, d))
+    part_o, part_lse = decode_scratch(b * m, hq, hk, d, q.device)
     decode_attention(
         flat_q, k_store.view(r * n, hk, d), v_store.view(r * n, hk, d), out, part_o, part_lse,
         req_to_token=slots, req_pool_indices=rows.repeat_interleave(m), seq_lens=limits.reshape(-1),
