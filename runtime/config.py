@@ -73,7 +73,15 @@ class EngineArgs:
     disable_overlap_schedule: bool = _opt(False, "process step N's results before launching step N+1")
     enable_cpu_overlap_schedule: bool = _opt(False, "the overlap loop on the CPU too (off by default: it shares the cores)")
     enable_deterministic_inference: bool = _opt(False, "batch-invariant kernels: same text in any batch")
-    num_continuous_decode_steps: int = _opt(1, "decode steps (greedy EAGLE chain steps with speculation) run back to back, without the scheduler between them (1 = off)")
+    num_continuous_decode_steps: int = _opt(
+        0, "decode steps (greedy EAGLE chain steps with speculation) run back to back, without the "
+        "scheduler between them (1 = off; 0 = auto: up to 8 on CUDA within --continuous-decode-budget-ms, "
+        "1 elsewhere and with speculation)",
+    )  # fmt: skip
+    continuous_decode_budget_ms: float | None = _opt(
+        None, "device time one launch of several decode steps may take, at the measured step time "
+        "(default: 8 when the step count is auto, else no limit)",
+    )  # fmt: skip
     stream_interval: int = _opt(1, "send streaming output every N tokens")
     log_interval: int = _opt(40, "decode steps between two log lines")
     # --- grammars

@@ -126,8 +126,14 @@ def check_supported(args: EngineArgs) -> None:
             "--kv-cache-dtype fp8_e4m3 is not read by --attention-backend flashinfer; "
             "use triton or torch_ref (auto picks one of them)"
         )
-    if args.num_continuous_decode_steps < 1:
-        raise ValueError(f"--num-continuous-decode-steps must be >= 1, got {args.num_continuous_decode_steps}")
+    if args.num_continuous_decode_steps < 0:
+        raise ValueError(
+            f"--num-continuous-decode-steps must be >= 0 (0 = auto), got {args.num_continuous_decode_steps}"
+        )
+    if args.continuous_decode_budget_ms is not None and not args.continuous_decode_budget_ms >= 0:
+        raise ValueError(
+            f"--continuous-decode-budget-ms must be >= 0, got {args.continuous_decode_budget_ms}"
+        )
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:

@@ -28,7 +28,8 @@ import time
 from typing import Any
 
 CONFIGS: dict[str, dict[str, Any]] = {
-    "plain": {},
+    "plain": {},  # the engine's defaults: continuous decode is auto on CUDA
+    "plain-c1": {"num_continuous_decode_steps": 1},
     "eagle-default": {"speculative_algorithm": "EAGLE"},  # the engine's defaults: a chain of 3
     "eagle-chain-4": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4, "speculative_eagle_topk": 1,
                       "speculative_num_draft_tokens": 5},

@@ -249,7 +249,7 @@ def main() -> None:
                    help="what the timed and profiled windows cover")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--no-overlap", action="store_true")
-    p.add_argument("--decode-steps", type=int, default=1, help="--num-continuous-decode-steps")
+    p.add_argument("--decode-steps", type=int, default=0, help="--num-continuous-decode-steps (0: auto)")
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")
     p.add_argument("--spec", default=None, choices=[None, "EAGLE", "NGRAM"])

@@ -12,6 +12,7 @@ from typing import Any
 
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.scheduler.output import OutputCollector
+from phloem.runtime.scheduler.policy import continuous_decode_plan
 from phloem.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger("phloem.scheduler")
@@ -118,6 +119,12 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     jump_forward = args.enable_jump_forward and not speculative
     if args.enable_jump_forward and speculative:
         logger.warning("jump-forward is off with speculative decoding")
+    decode_steps, decode_budget_s = continuous_decode_plan(
+        args.num_continuous_decode_steps,
+        args.continuous_decode_budget_ms,
+        device_type=runner.device.type,
+        speculative=speculative,
+    )
     cfg = SchedulerConfig(
         max_running_requests=max_running,
         max_prefill_tokens=args.max_prefill_tokens,
@@ -131,7 +138,8 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         stream_interval=args.stream_interval,
         log_interval=args.log_interval,
         enable_jump_forward=jump_forward,
-        decode_steps=args.num_continuous_decode_steps,
+        decode_steps=decode_steps,
+        decode_budget_s=decode_budget_s,
     )
     spec = None
     if speculative:
@@ -146,7 +154,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
             num_draft_tokens=args.speculative_num_draft_tokens,
             seed=args.random_seed,
             max_batch=min(max_running, args.cuda_graph_max_bs),
-            window_steps=args.num_continuous_decode_steps,
+            window_steps=decode_steps,
         )
     future_map = FutureMap(4 * max_running + 8, device=runner.device)
     worker = OverlapWorker(runner, future_map) if cfg.overlap else InlineWorker(runner, future_map)

@@ -116,3 +116,62 @@ def decodes_ahead(req: Req) -> bool:
         or p.sampling_seed is not None
         or req.num_outputs_launched < p.min_new_tokens
     )
+
+
+AUTO_DECODE_STEPS = 8  # the most steps one launch carries when --num-continuous-decode-steps is auto
+AUTO_DECODE_BUDGET_MS = 8.0  # device time such a launch may take (CUDA; auto is off elsewhere)
+
+
+def continuous_decode_plan(
+    steps: int, budget_ms: float | None, *, device_type: str, speculative: bool
+) -> tuple[int, float]:
+    """``(most steps per launch, budget in seconds)`` from ``--num-continuous-decode-steps`` and
+    ``--continuous-decode-budget-ms``; a budget of 0 means "exactly the steps asked for".
+
+    ``steps = 0`` (auto) is continuous decode within :data:`AUTO_DECODE_BUDGET_MS` on CUDA, where a
+    small model's step takes less GPU time than the host needs to schedule it; it is off on other
+    devices (the host's share of a CPU step is ~1%) and with speculation (whose windows are opted
+    into). An explicit step count keeps that count unless a budget is given too.
+    """
+    if steps == 0:
+        if speculative:
+            return 1, 0.0
+        budget = AUTO_DECODE_BUDGET_MS if budget_ms is None and device_type == "cuda" else budget_ms or 0.0
+        return (AUTO_DECODE_STEPS, budget / 1e3) if budget > 0 else (1, 0.0)
+    return steps, (budget_ms or 0.0) / 1e3
+
+
+class DecodePace:
+    """Seconds per decode step, measured where the scheduler processes consecutive decode launches.
+
+    The time between processing two decode launches is what the second one took (the overlap
+    loop launched it while the first ran), whoever set the pace: the GPU, or the host when it is
+    the slower one. Divided by that launch's steps it is the step time; an exponential average
+    smooths it. Any other launch (a prefill) breaks the chain, so idle time and prompt passes are
+    never counted as decode.
+    """
+
+    ALPHA = 0.25
+
+    def __init__(self) -> None:
+        self.per_step: float | None = None
+        self._last: float | None = None
+
+    def decode_processed(self, now: float, steps: int) -> None:
+        if self._last is not None:
+            sample = (now - self._last) / max(steps, 1)
+            old = self.per_step
+            self.per_step = sample if old is None else old + self.ALPHA * (sample - old)
+        self._last = now
+
+    def other_processed(self) -> None:
+        self._last = None
+
+    def steps_within(self, budget_s: float, cap: int) -> int:
+        """Steps of one launch that fit ``budget_s`` at the measured pace, 1 to ``cap``; 1 until
+        a step was measured."""
+        if self.per_step is None:
+            return 1
+        if self.per_step <= 0:
+            return cap
+        return max(1, min(cap, int(budget_s / self.per_step + 1e-9)))  # 8 ms / 2 ms is 4, not 3.99...

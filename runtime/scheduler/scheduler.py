@@ -34,6 +34,7 @@ from phloem.runtime.scheduler.batch import (
 )
 from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.policy import (
+    DecodePace,
     NewTokenRatio,
     decodes_ahead,
     order_waiting,
@@ -63,6 +64,9 @@ class SchedulerConfig:
     enable_jump_forward: bool = False
     # Decode steps launched as one (``--num-continuous-decode-steps``): see ``_continuous_steps``.
     decode_steps: int = 1
+    # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
+    # ``policy.continuous_decode_plan``.
+    decode_budget_s: float = 0.0
 
 
 class Scheduler:
@@ -102,6 +106,8 @@ class Scheduler:
         self.inflight: deque[tuple[ScheduledBatch, Future[ForwardOutput]]] = deque()
         self.release_after_inflight: list[Req] = []
         self.stats = SchedulerCounters()
+        self.pace = DecodePace()
+        self.clock = time.perf_counter  # replaceable in tests
         self._decode_steps = 0
         self._last_log = time.monotonic()
         self._tokens_since_log = 0
@@ -405,7 +411,10 @@ class Scheduler:
         conditions of ``_unseen_steps`` and when every step's slots are free now."""
         if self.spec is not None:
             return 1
-        steps = self._unseen_steps(reqs, self.cfg.decode_steps)
+        cap = self.cfg.decode_steps
+        if self.cfg.decode_budget_s > 0:
+            cap = self.pace.steps_within(self.cfg.decode_budget_s, cap)
+        steps = self._unseen_steps(reqs, cap)
         if steps <= 1 or self.cache.available_size < steps * len(reqs):
             return 1
         return steps
@@ -588,9 +597,15 @@ class Scheduler:
             return
         out = fut.result()
         if batch.decode_steps > 1:
-            self._process_continuous(batch, out.synchronize_steps())
+            per_step = out.synchronize_steps()
+            self.pace.decode_processed(self.clock(), batch.decode_steps)
+            self._process_continuous(batch, per_step)
             return
         tokens = out.synchronize()
+        if batch.mode == ForwardMode.DECODE:
+            self.pace.decode_processed(self.clock(), 1)
+        else:
+            self.pace.other_processed()
         # Requests that finished while this step was queued are released now that it is done.
         self._release_deferred()
         if self._is_plain_decode(batch, out):
@@ -1019,6 +1034,7 @@ class Scheduler:
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
             "spec_window_steps_total": s.spec_window_steps,
+            "decode_step_ms": (self.pace.per_step or 0.0) * 1e3,
             **self.cache.tier_stats(),
         }
 

@@ -8,7 +8,11 @@ must be identical, token for token:
 - batch 1 with and without CUDA graphs (eager decode runs the same kernels at the same size);
 - batches of 1 and 6 with PDL on and off (the same graphs; a missing wait would read stale
   activations and change tokens);
-- continuous decode (several steps per launch, each step's tokens fed to the next on the device).
+- continuous decode (several steps per launch, each step's tokens fed to the next on the device),
+  at a fixed count and at the default (auto: as many steps as fit the budget at the measured step
+  time).
+
+The reference runs one step per launch (``num_continuous_decode_steps=1``).
 
 Uses the default model when it is installed; with ``PHLOEM_TEST_TOKENIZER`` set (a tokenizer
 folder), dummy weights of the default model's shape instead.
@@ -33,14 +37,18 @@ GREEDY = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
 BATCH = PROMPTS[:6]
 
 
-def _ids(monkeypatch, pdl: bool, **kw) -> tuple[list[list[int]], list[list[int]]]:
-    """Greedy ids of each prompt alone, then of the batch, from a fresh engine."""
+def _ids(monkeypatch, pdl: bool, live: dict | None = None, **kw) -> tuple[list[list[int]], list[list[int]]]:
+    """Greedy ids of each prompt alone, then of the batch, from a fresh engine (one decode step
+    per launch unless ``kw`` says otherwise; ``live`` receives the scheduler's counters)."""
     monkeypatch.setenv("PHLOEM_PDL", "1" if pdl else "0")  # read by the scheduler process
     tok = os.environ.get("PHLOEM_TEST_TOKENIZER")
     model = {"load_format": "dummy", "tokenizer_path": tok} if tok else {}
+    kw.setdefault("num_continuous_decode_steps", 1)
     with Engine(device="cuda", dtype="bfloat16", log_level="warning", **model, **kw) as eng:
         alone = [eng.generate(p, sampling_params=GREEDY)["output_ids"] for p in BATCH[:3]]
         batch = [o["output_ids"] for o in eng.generate(BATCH, sampling_params=[dict(GREEDY) for _ in BATCH])]
+        if live is not None:
+            live.update(eng.get_server_info()["live"])
     return alone, batch
 
 
@@ -68,3 +76,14 @@ def test_continuous_decode_changes_no_token(graphs_pdl, monkeypatch) -> None:
     alone, batch = _ids(monkeypatch, pdl=True, num_continuous_decode_steps=8)
     assert alone == graphs_pdl[0]
     assert batch == graphs_pdl[1]
+
+
+def test_default_auto_continuous_decode_changes_no_token(graphs_pdl, monkeypatch) -> None:
+    """The default (``num_continuous_decode_steps=0``, auto): on CUDA a decode step of the default
+    model's shape takes well under the 8 ms budget, so launches carry several steps."""
+    live: dict = {}
+    alone, batch = _ids(monkeypatch, pdl=True, live=live, num_continuous_decode_steps=0)
+    assert alone == graphs_pdl[0]
+    assert batch == graphs_pdl[1]
+    assert live["continuous_decode_steps_total"] > 0
+    assert 0 < live["decode_step_ms"] < 8

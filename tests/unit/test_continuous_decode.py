@@ -157,3 +157,34 @@ def test_write_decode_slots_fills_every_step_of_every_row():
     assert table[1, 3:6].tolist() == [11, 12, 13] and table[3, 7:10].tolist() == [21, 22, 23]
     assert table.count_nonzero() == 6
     assert index.tolist() == [[1, 3], [3, 7], [11, 21], [4, 8], [1, 1]]
+
+
+def test_a_budget_sets_the_steps_from_the_measured_step_time():
+    """With a budget the steps per launch follow the step time: a clock that moves 1 ms per
+    forward step and a 3.5 ms budget give launches of 3 steps once one step was timed, where the
+    cap alone would give 8; tokens as with single steps."""
+    h, launched = harness(steps=8, overlap=False, decode_budget_s=3.5e-3)
+    h.s.clock = lambda: h.runner.steps * 1e-3
+    h.add("a", list(range(100, 110)), max_new=30)
+    h.run()
+    assert h.outputs()["a"] == expected(10, 30)
+    # the first two launches time a step (no measure yet, then one after the prefill broke the
+    # chain); then 3 steps each, and a shorter last one
+    assert launched[:2] == [1, 1]
+    assert set(launched[2:-1]) == {3} and launched[-1] <= 3
+    assert h.s.pace.per_step == pytest.approx(1e-3)
+    assert h.s.live_stats()["decode_step_ms"] == pytest.approx(1.0)
+
+
+def test_a_slow_step_keeps_single_steps_and_a_prefill_breaks_the_timing_chain():
+    h, launched = harness(steps=8, overlap=False, decode_budget_s=3.5e-3)
+    h.s.clock = lambda: h.runner.steps * 5e-3  # 5 ms a step: over the budget
+    h.add("a", list(range(100, 110)), max_new=12)
+    h.run()
+    assert h.outputs()["a"] == expected(10, 12)
+    assert set(launched) == {1}
+    assert h.s.pace._last is not None  # decode launches processed one after another
+    h.add("b", list(range(200, 210)), max_new=2)
+    h.s.step()  # the prefill of b
+    h.s.drain()
+    assert h.s.pace._last is None

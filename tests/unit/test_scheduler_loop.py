@@ -50,7 +50,7 @@ class FakeRunner:
 class Harness:
     def __init__(self, *, pool: int, overlap: bool, chunk: int | None = None, radix: bool = True,
                  max_running: int = 16, mixed: bool = False, priority: bool = False, policy: str = "fcfs",
-                 decode_steps: int = 1, runner: FakeRunner | None = None) -> None:
+                 decode_steps: int = 1, decode_budget_s: float = 0.0, runner: FakeRunner | None = None) -> None:
         self.allocator = TokenSlotAllocator(pool + 1, check=True)
         self.rows = ReqToTokenPool(max_running, 4096, "cpu")
         self.cache = CacheManager(allocator=self.allocator, req_to_token=self.rows.req_to_token,
@@ -62,7 +62,7 @@ class Harness:
         cfg = SchedulerConfig(max_running_requests=max_running, max_prefill_tokens=4096,
                               chunked_prefill_size=chunk, overlap=overlap, enable_mixed_chunk=mixed,
                               enable_priority_scheduling=priority, priority_preemption_threshold=5,
-                              schedule_policy=policy, decode_steps=decode_steps)
+                              schedule_policy=policy, decode_steps=decode_steps, decode_budget_s=decode_budget_s)
         self.s = Scheduler(cfg, cache=self.cache, req_pool=self.rows, worker=worker,
                            sampling=SamplingBatchBuilder(VOCAB, eos_token_ids=[EOS]),
                            outputs=OutputCollector(lambda m: self.sent.extend(m.outs)))

@@ -189,3 +189,39 @@ def test_new_token_ratio_decays_to_floor_in_about_600_steps_and_jumps():
     assert r.value == pytest.approx(0.9)
     r.raise_to(5.0)
     assert r.value == 1.0
+
+
+def test_continuous_decode_plan_resolves_auto_per_device():
+    from phloem.runtime.scheduler.policy import (
+        AUTO_DECODE_BUDGET_MS,
+        AUTO_DECODE_STEPS,
+        continuous_decode_plan,
+    )
+
+    auto_cuda = continuous_decode_plan(0, None, device_type="cuda", speculative=False)
+    assert auto_cuda == (AUTO_DECODE_STEPS, AUTO_DECODE_BUDGET_MS / 1e3)
+    assert continuous_decode_plan(0, None, device_type="cpu", speculative=False) == (1, 0.0)
+    assert continuous_decode_plan(0, None, device_type="cuda", speculative=True) == (1, 0.0)
+    assert continuous_decode_plan(0, 0.0, device_type="cuda", speculative=False) == (1, 0.0)  # budget 0: off
+    assert continuous_decode_plan(0, 20.0, device_type="cpu", speculative=False) == (AUTO_DECODE_STEPS, 0.02)
+    # an explicit count stays exact unless a budget is given too
+    assert continuous_decode_plan(4, None, device_type="cuda", speculative=False) == (4, 0.0)
+    assert continuous_decode_plan(4, 2.0, device_type="cuda", speculative=True) == (4, 0.002)
+
+
+def test_decode_pace_averages_step_times_between_decode_launches():
+    from phloem.runtime.scheduler.policy import DecodePace
+
+    pace = DecodePace()
+    assert pace.steps_within(0.008, 8) == 1  # nothing measured yet
+    pace.decode_processed(1.000, 1)  # the first launch only starts the chain
+    assert pace.per_step is None
+    pace.decode_processed(1.002, 1)
+    assert pace.per_step == pytest.approx(0.002)
+    assert pace.steps_within(0.008, 8) == 4
+    pace.decode_processed(1.006, 4)  # 4 steps in 4 ms: 1 ms a step, averaged in
+    assert pace.per_step == pytest.approx(0.002 + DecodePace.ALPHA * (0.001 - 0.002))
+    pace.other_processed()  # a prefill: the next interval is not a decode step
+    pace.decode_processed(5.0, 1)
+    assert pace.per_step == pytest.approx(0.00175)
+    assert pace.steps_within(0.001, 8) == 1 and pace.steps_within(1.0, 8) == 8
