@@ -13,7 +13,10 @@ those lines and splits the run in two phases:
   with the mean time per step, the mean context per request and the tokens per second.
 
 A step's time is the gap to the next logged line, so one slow step (a kernel compiled on first
-use, a collection pause) shows up in its bin; ``--json`` also lists the slowest gaps.
+use, a collection pause) shows up in its bin; ``--json`` also lists the slowest gaps. A launch of
+several decode steps (continuous decode) logs one line with ``#steps: K``: the gap that ends at
+that line is what its launch took (the overlap loop launched it before processing the one
+before), so it counts as ``K`` steps.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ _LINE = re.compile(
     r"\[(\S+ \S+) scheduler\] (Prefill|Decode) batch\. "
     r"#(?:new-seq|running-req): (\d+), #(?:new-token|token): (\d+)"
 )
+_STEPS = re.compile(r"#steps: (\d+)")
 BIN = 32
 
 
@@ -39,6 +43,7 @@ class Event:
     kind: str  # "Prefill" | "Decode"
     count: int  # new sequences (prefill) or running requests (decode)
     tokens: int  # new tokens (prefill) or KV tokens held (decode)
+    steps: int = 1  # decode steps of the launch this line reports
 
 
 def parse(lines: list[str]) -> list[Event]:
@@ -47,7 +52,8 @@ def parse(lines: list[str]) -> list[Event]:
         m = _LINE.search(line)
         if m:
             t = datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f").timestamp()
-            events.append(Event(t, m.group(2), int(m.group(3)), int(m.group(4))))
+            k = _STEPS.search(line)
+            events.append(Event(t, m.group(2), int(m.group(3)), int(m.group(4)), int(k.group(1)) if k else 1))
     return events
 
 
@@ -61,10 +67,10 @@ def timeline(events: list[Event]) -> dict[str, Any]:
     bins: dict[int, list[float]] = {}  # low edge -> [steps, seconds, requests, kv tokens]
     for a, b in zip(decode, decode[1:]):
         acc = bins.setdefault(a.count // BIN * BIN, [0, 0.0, 0, 0])
-        acc[0] += 1
+        acc[0] += b.steps
         acc[1] += b.t - a.t
-        acc[2] += a.count
-        acc[3] += a.tokens
+        acc[2] += a.count * b.steps
+        acc[3] += a.tokens * b.steps
     rows = [
         {
             "batch": f"{lo}-{lo + BIN - 1}",
@@ -84,7 +90,7 @@ def timeline(events: list[Event]) -> dict[str, Any]:
         "prefill_seconds": round(events[last].t - events[first].t, 3),
         "prefill_passes": len(prefills) - 1,
         "decode_seconds": round(decode[-1].t - decode[0].t, 3) if decode else 0.0,
-        "decode_steps": len(decode),
+        "decode_steps": sum(e.steps for e in decode),
         "decode_by_batch": rows,
         "slowest_gaps": [{"ms": round(1e3 * g, 1), "after": k, "count": c} for g, k, c in gaps[:5]],
     }

@@ -31,6 +31,7 @@ SCHEDULER_GAUGES: dict[str, str] = {
     "cache_hit_rate": "Prefix cache hit rate (cached / prompt tokens) of recent prefills",
     "gen_throughput": "Decode throughput in tokens per second",
     "spec_accept_length": "Mean accepted draft length per verify step",
+    "decode_step_ms": "Measured wall time of one decode step, which sets continuous decode's steps per launch",
 }
 # name -> help. Cumulative totals in the scheduler's stats dict; advanced by their delta.
 SCHEDULER_COUNTERS: dict[str, str] = {

@@ -147,8 +147,8 @@ class DecodePace:
     The time between processing two decode launches is what the second one took (the overlap
     loop launched it while the first ran), whoever set the pace: the GPU, or the host when it is
     the slower one. Divided by that launch's steps it is the step time; an exponential average
-    smooths it. Any other launch (a prefill) breaks the chain, so idle time and prompt passes are
-    never counted as decode.
+    smooths it. Any other launch (a prefill) and an idle loop break the chain, so neither prompt
+    passes nor idle time count as decode.
     """
 
     ALPHA = 0.25

@@ -169,6 +169,7 @@ class Scheduler:
             late_mask.set_result(self.grammar.fill_mask(batch.reqs))
         if batch is None and not self.inflight:
             self._release_deferred()
+            self.pace.other_processed()  # idle: the next decode launch does not time this wait
             return False
         return True
 
@@ -639,7 +640,7 @@ class Scheduler:
         self.outputs.flush()
         self._tokens_since_log += kept
         if self._decode_steps % self.cfg.log_interval == 0:
-            self._log_decode()
+            self._log_decode(steps)
 
     def _is_plain_decode(self, batch: ScheduledBatch, out: ForwardOutput) -> bool:
         """Every row decodes one kept token, with no logprobs and no drafter to follow."""
@@ -1053,12 +1054,14 @@ class Scheduler:
             len(self.waiting),
         )
 
-    def _log_decode(self) -> None:
+    def _log_decode(self, steps: int = 1) -> None:
         now = time.monotonic()
         dt = max(now - self._last_log, 1e-6)
         self.stats.gen_throughput = self._tokens_since_log / dt
         self._last_log, self._tokens_since_log = now, 0
-        accept = f", accept len: {self.spec.mean_accept_length:.2f}" if self.spec is not None else ""
+        extra = f", accept len: {self.spec.mean_accept_length:.2f}" if self.spec is not None else ""
+        if steps > 1:  # a continuous decode launch: one line for its steps
+            extra += f", #steps: {steps}"
         logger.info(
             "Decode batch. #running-req: %d, #token: %d, token usage: %.2f, "
             "gen throughput (token/s): %.2f, #queue-req: %d%s",
@@ -1067,7 +1070,7 @@ class Scheduler:
             self.live_stats()["token_usage"],
             self.stats.gen_throughput,
             len(self.waiting),
-            accept,
+            extra,
         )
 
 

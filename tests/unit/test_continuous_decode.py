@@ -176,15 +176,30 @@ def test_a_budget_sets_the_steps_from_the_measured_step_time():
     assert h.s.live_stats()["decode_step_ms"] == pytest.approx(1.0)
 
 
-def test_a_slow_step_keeps_single_steps_and_a_prefill_breaks_the_timing_chain():
+def test_a_slow_step_keeps_single_steps_and_prefills_and_idle_loops_break_the_timing_chain():
     h, launched = harness(steps=8, overlap=False, decode_budget_s=3.5e-3)
     h.s.clock = lambda: h.runner.steps * 5e-3  # 5 ms a step: over the budget
     h.add("a", list(range(100, 110)), max_new=12)
+    h.s.step()  # the prefill
+    assert h.s.pace._last is None
+    h.s.step()
+    h.s.step()  # two decode launches processed one after the other: one interval timed
+    assert h.s.pace._last is not None and h.s.pace.per_step == pytest.approx(5e-3)
     h.run()
     assert h.outputs()["a"] == expected(10, 12)
     assert set(launched) == {1}
-    assert h.s.pace._last is not None  # decode launches processed one after another
-    h.add("b", list(range(200, 210)), max_new=2)
-    h.s.step()  # the prefill of b
-    h.s.drain()
-    assert h.s.pace._last is None
+    assert h.s.pace._last is None  # the loop went idle at the end
+
+
+def test_a_logged_launch_names_its_step_count(caplog):
+    import dataclasses
+    import logging
+
+    h, launched = harness(steps=4, overlap=False)
+    h.s.cfg = dataclasses.replace(h.s.cfg, log_interval=1)
+    h.add("a", list(range(100, 110)), max_new=13)
+    with caplog.at_level(logging.INFO, logger="phloem.scheduler"):
+        h.run()
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Decode batch")]
+    assert launched == [4, 4, 4] and len(lines) == 3
+    assert all(line.endswith(", #steps: 4") for line in lines)

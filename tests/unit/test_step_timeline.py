@@ -46,3 +46,22 @@ def test_phases_bins_and_gaps() -> None:
 def test_needs_per_step_logging() -> None:
     with pytest.raises(ValueError, match="log-interval"):
         timeline(parse([_line(0, "Prefill", 1, 16), _line(5, "Decode", 1, 17)]))
+
+
+def test_continuous_decode_lines_count_their_steps() -> None:
+    """A line with ``#steps: K`` reports a launch of K steps; the gap ending at it is that launch."""
+    lines = [
+        _line(0, "Prefill", 1, 16),
+        _line(10, "Prefill", 64, 8192),
+        _line(20, "Prefill", 64, 8192),
+        _line(30, "Decode", 64, 8300),
+        _line(70, "Decode", 64, 8812) + ", #steps: 8",  # 8 steps in 40 ms
+        _line(110, "Decode", 64, 9324) + ", #steps: 8",
+    ]
+    out = timeline(parse(lines))
+    assert out["decode_steps"] == 17
+    by = {r["batch"]: r for r in out["decode_by_batch"]}
+    assert by["64-95"]["steps"] == 16
+    assert by["64-95"]["ms_per_step"] == pytest.approx(5.0)
+    assert by["64-95"]["tok_s"] == 12800  # 64 rows x 16 steps in 0.08 s
+    assert by["64-95"]["mean_context"] == round((8300 + 8812) / 128)
