@@ -79,8 +79,8 @@ class EngineArgs:
         "1 elsewhere and with speculation)",
     )  # fmt: skip
     continuous_decode_budget_ms: float | None = _opt(
-        None, "device time one launch of several plain decode steps may take, at the measured step "
-        "time (default: 8 when the step count is auto, else no limit)",
+        None, "time one launch of several plain decode steps may take, at the measured step time "
+        "(default: 8 on CUDA when the step count is auto; none when a count is given)",
     )  # fmt: skip
     stream_interval: int = _opt(1, "send streaming output every N tokens")
     log_interval: int = _opt(40, "decode steps between two log lines")
