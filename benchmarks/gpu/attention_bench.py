@@ -250,6 +250,49 @@ def sweep_splits(shape: str, batches: list[int], bandwidth: float) -> list[dict]
     return rows
 
 
+def order_ab(shape: str, bs: int, context: int, bandwidth: float, decode_share: float = 0.5) -> list[dict]:
+    """The decode kernel with its programs in request-major order (the default) against KV-head-
+    major order (``heads_first``), alternating, over three slot layouts: scattered, each request
+    in one run, and the offline run's layout (each prompt in one run, then the generated tokens
+    one slot per step across the batch: ``decode_share`` of the keys)."""
+    from phloem.runtime.attention.triton_kernels import decode_attention
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    hq, hk, d = SHAPES[shape]
+    floor_ms = bs * context * hk * d * 2 * 2 / bandwidth * 1e3
+    rows = []
+    for layout in ("scattered", "contiguous", "prompt+steps"):
+        pool, rtt, fi, q, _, _ = _setup(
+            shape, [context - 1] * bs, [1] * bs, ForwardMode.DECODE, contiguous=layout != "scattered"
+        )
+        if layout == "prompt+steps":
+            prompt = int(context * (1 - decode_share))
+            slots = torch.empty(bs, context, dtype=torch.int64)
+            slots[:, :prompt] = 1 + torch.arange(bs * prompt).view(bs, prompt)
+            steps = context - prompt
+            slots[:, prompt:] = 1 + bs * prompt + torch.arange(steps * bs).view(steps, bs).t()
+            rtt.req_to_token[:bs, :context] = slots.to(rtt.req_to_token)
+        tri = _backend("triton", pool, rtt, fi, hq)
+        k_buf, v_buf = pool.get_kv(0)
+        out = torch.empty_like(q)
+        outs = {}
+        for rep in range(3):
+            for heads_first in (False, True):
+                run = functools.partial(
+                    decode_attention, q, k_buf, v_buf, out, tri.part_o, tri.part_lse,
+                    req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
+                    seq_lens=fi.seq_lens, sm_scale=tri.scale, heads_first=heads_first,
+                )  # fmt: skip
+                ms = do_bench(run, warmup=10, rep=50, return_mode="median")
+                outs[heads_first] = out.clone()
+                rows.append({"kind": "decode-order", "shape": shape, "batch": bs, "context": context,
+                             "layout": layout, "heads_first": heads_first, "rep": rep, "ms": round(ms, 4),
+                             "floor_ms": round(floor_ms, 4), "ratio": round(ms / floor_ms, 3)})  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+        assert torch.equal(outs[False], outs[True]), "the program order changed the result"
+    return rows
+
+
 EXTEND_GRID = ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3))  # query block, key block, warps, stages
 
 
@@ -340,6 +383,8 @@ def main() -> int:
                     help="only sweep the decode kernel's settings for this case")  # fmt: skip
     ap.add_argument("--split-sweep", metavar="SHAPE:B1,B2,...",
                     help="only time the decode kernel per number of key splits at these batch sizes")  # fmt: skip
+    ap.add_argument("--order-ab", metavar="SHAPE:BATCH:CONTEXT",
+                    help="only time the decode kernel's program orders against each other")  # fmt: skip
     ap.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3"],
                     help="pool dtype of --decode-sweep")  # fmt: skip
     ap.add_argument("--decode-grid", metavar="BLOCK_NS:WARPS:STAGES",
@@ -358,6 +403,9 @@ def main() -> int:
         shape, batches = args.split_sweep.split(":")
         rows = sweep_splits(shape, [int(b) for b in batches.split(",")], copy_bandwidth())
         return _write_sweep(args.out, "--split-sweep", rows)
+    if args.order_ab:
+        shape, bs, ctx = args.order_ab.split(":")
+        return _write_sweep(args.out, "--order-ab", order_ab(shape, int(bs), int(ctx), copy_bandwidth()))
     if args.decode_sweep:
         shape, bs, ctx = args.decode_sweep.split(":")
         kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8_e4m3" else torch.bfloat16

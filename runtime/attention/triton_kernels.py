@@ -29,6 +29,8 @@ kernels launch with programmatic dependent launch (:mod:`phloem.runtime.layers.p
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
@@ -46,6 +48,8 @@ _MAX_SPLITS = 16
 _TARGET_PROGRAMS = 2 * 132  # two waves on an H100/H200 (132 SMs); fine elsewhere too
 _TARGET_PROGRAMS_WIDE = 1024  # head dim 128: programs per launch the split sweep favoured
 _MIN_SPLITS = 3
+# The decode split kernel's program order (see decode_attention); read once, at import.
+_HEADS_FIRST = os.environ.get("PHLOEM_DECODE_ORDER", "heads") != "requests"
 
 
 @triton.jit
@@ -157,12 +161,18 @@ def _decode_split_kernel(
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr,
+    HEADS_FIRST: tl.constexpr,
 ):  # fmt: skip
-    # grid: (requests, kv heads, splits); one program serves all GROUP query heads of its KV head
+    # grid: (requests, kv heads, splits), or (kv heads, requests, splits) with HEADS_FIRST; one
+    # program serves all GROUP query heads of its KV head
     pdl_trigger(PDL)
     pdl_wait(PDL)
-    b = tl.program_id(0)
-    kv_head = tl.program_id(1)
+    if HEADS_FIRST:
+        kv_head = tl.program_id(0)
+        b = tl.program_id(1)
+    else:
+        b = tl.program_id(0)
+        kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + b)
     row = tl.load(req_idx_ptr + b)
@@ -364,6 +374,7 @@ def decode_attention(
     num_warps: int | None = None,
     num_stages: int | None = None,
     f16_dot: bool | None = None,
+    heads_first: bool | None = None,
 ) -> torch.Tensor:
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
@@ -380,6 +391,13 @@ def decode_attention(
     default there): e4m3 widens to float16 in one instruction per pair of values, and a bfloat16
     query converts exactly (magnitudes past 65,504 saturate); float32 accumulation either way. Its
     keys per loop step default to 128, the same bytes per block as 64 bfloat16 keys.
+
+    ``heads_first`` (default on; ``PHLOEM_DECODE_ORDER=requests`` turns it off) orders the split
+    kernel's programs KV head first, so the programs that run side by side read the heads of the
+    same tokens: a slot's K (and V) for all heads is one contiguous row, and reading it in one
+    go rather than one head's slice per program at a time is 2.5-3% faster on an H200 at 208
+    requests of 822 keys in one run or in the offline run's layout (0.7% on scattered slots).
+    The order changes no result.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -392,7 +410,10 @@ def decode_attention(
     block_d = _block_d(head_dim)
     block_n = block_n or (32 if fp32 else 128 if fp8 and block_d >= 128 else 64)
     pdl = pdl_enabled(q.device)
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    if heads_first is None:
+        heads_first = _HEADS_FIRST
+    grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
+    _decode_split_kernel[grid](
         q, k_buf, v_buf, part_o, part_lse,
         req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
@@ -401,7 +422,7 @@ def decode_attention(
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32, PDL=pdl,
-        num_warps=num_warps or (4 if block_d < 128 or fp8 else 8 if fp32 else 2),
+        HEADS_FIRST=heads_first, num_warps=num_warps or (4 if block_d < 128 or fp8 else 8 if fp32 else 2),
         num_stages=num_stages or (3 if block_d >= 128 and not fp32 else 2), **launch_kwargs(pdl),
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_q_heads)](

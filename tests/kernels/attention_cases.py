@@ -142,6 +142,8 @@ def compare_with_ref(backend_name: str, batch: Batch, num_heads: int) -> float:
     fast = get_attention_backend_class(backend_name)(batch.pool, batch.rtt, num_heads=num_heads)
     fast.init_metadata(batch.fi)
     out = fast.forward(batch.q, batch.k, batch.v, 0)
+    if backend_name == "triton" and batch.fi.mode == ForwardMode.DECODE:
+        _check_decode_order_free(fast, batch, out)
 
     ref_pool = _clone_pool(batch.pool, torch.float64)
     ref = get_attention_backend_class("torch_ref")(ref_pool, batch.rtt, num_heads=num_heads)
@@ -155,6 +157,22 @@ def compare_with_ref(backend_name: str, batch: Batch, num_heads: int) -> float:
     err = float((out.double() - expect).norm() / expect.norm())
     assert err < REL_TOL[dtype], f"relative error {err:.3e} over {REL_TOL[dtype]:.0e}"
     return err
+
+
+def _check_decode_order_free(fast, batch: Batch, out: torch.Tensor) -> None:
+    """The decode kernel gives the same bits with its programs in either order (``heads_first``)."""
+    from phloem.runtime.attention.triton_kernels import decode_attention
+
+    k_buf, v_buf = batch.pool.get_kv(0)
+    k_scale, v_scale = batch.pool.get_kv_scales(0)
+    for heads_first in (False, True):
+        again = decode_attention(
+            batch.q, k_buf, v_buf, torch.empty_like(batch.q), fast.part_o, fast.part_lse,
+            req_to_token=batch.rtt.req_to_token, req_pool_indices=fast.req_pool_indices,
+            seq_lens=fast.seq_lens, sm_scale=fast.scale, k_scale=k_scale, v_scale=v_scale,
+            heads_first=heads_first,
+        )  # fmt: skip
+        assert torch.equal(again, out), f"heads_first={heads_first} changed the decode output"
 
 
 def _check_new_kv_landed(batch: Batch) -> None:
