@@ -251,8 +251,8 @@ def sweep_splits(shape: str, batches: list[int], bandwidth: float) -> list[dict]
 
 
 def order_ab(shape: str, bs: int, context: int, bandwidth: float, decode_share: float = 0.5) -> list[dict]:
-    """The decode kernel with its programs in request-major order (the default) against KV-head-
-    major order (``heads_first``), alternating, over three slot layouts: scattered, each request
+    """The decode kernel with its programs in request-major order against KV-head-major order
+    (``heads_first``, the default), alternating, over three slot layouts: scattered, each request
     in one run, and the offline run's layout (each prompt in one run, then the generated tokens
     one slot per step across the batch: ``decode_share`` of the keys)."""
     from phloem.runtime.attention.triton_kernels import decode_attention
