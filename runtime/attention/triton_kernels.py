@@ -219,27 +219,41 @@ def _decode_split_kernel(
 @triton.jit
 def _decode_merge_kernel(
     part_o_ptr, part_lse_ptr, out_ptr, stride_ot, stride_oh,
-    NUM_Q_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
+    NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr, NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
-    # grid: (requests, q heads)
+    # grid: (requests, kv heads); a program merges the GROUP query heads of one KV head, adding
+    # the splits in order (one program per query head had too little work each)
     pdl_trigger(PDL)
     pdl_wait(PDL)
     b = tl.program_id(0)
-    head = tl.program_id(1)
+    kv_head = tl.program_id(1)
+    offs_h = tl.arange(0, BLOCK_H)
     offs_s = tl.arange(0, BLOCK_S)
     offs_d = tl.arange(0, BLOCK_D)
-    s_mask = offs_s < NUM_SPLITS
-    base = (b * NUM_Q_HEADS + head) * NUM_SPLITS + offs_s
-    lse = tl.load(part_lse_ptr + base, mask=s_mask, other=float("-inf"))
-    o = tl.load(part_o_ptr + base[:, None] * BLOCK_D + offs_d[None, :], mask=s_mask[:, None], other=0.0)
-    m = tl.max(lse, 0)  # finite: split 0 always holds key 0
-    w = tl.exp(lse - m)
-    out = tl.sum(o * w[:, None], 0) / tl.sum(w, 0)
+    h_mask = offs_h < GROUP
+    heads = kv_head * GROUP + offs_h
+    first = (b * NUM_Q_HEADS + heads) * NUM_SPLITS  # [H]: each head's split 0
+    lse_all = tl.load(
+        part_lse_ptr + first[:, None] + offs_s[None, :],
+        mask=h_mask[:, None] & (offs_s < NUM_SPLITS)[None, :],
+        other=float("-inf"),
+    )
+    m = tl.where(h_mask, tl.max(lse_all, 1), 0.0)  # finite on live heads: split 0 holds key 0
+    num = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    den = tl.zeros([BLOCK_H], tl.float32)
+    for s in tl.static_range(NUM_SPLITS):
+        w = tl.exp(tl.load(part_lse_ptr + first + s, mask=h_mask, other=float("-inf")) - m)  # 0: no key
+        part = tl.load(
+            part_o_ptr + (first + s)[:, None] * BLOCK_D + offs_d[None, :], mask=h_mask[:, None], other=0.0
+        )
+        num += part * w[:, None]
+        den += w
+    out = num / tl.where(h_mask, den, 1.0)[:, None]
     tl.store(
-        out_ptr + b.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+        out_ptr + b.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
         out.to(out_ptr.dtype.element_ty),
-        mask=offs_d < HEAD_DIM,
+        mask=h_mask[:, None] & (offs_d < HEAD_DIM)[None, :],
     )
 
 
@@ -425,10 +439,11 @@ def decode_attention(
         HEADS_FIRST=heads_first, num_warps=num_warps or (4 if block_d < 128 or fp8 else 8 if fp32 else 2),
         num_stages=num_stages or (3 if block_d >= 128 and not fp32 else 2), **launch_kwargs(pdl),
     )  # fmt: skip
-    _decode_merge_kernel[(batch, num_q_heads)](
+    _decode_merge_kernel[(batch, num_kv_heads)](
         part_o, part_lse, out, out.stride(0), out.stride(1),
-        NUM_Q_HEADS=num_q_heads, HEAD_DIM=head_dim, BLOCK_D=block_d,
-        NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), PDL=pdl,
+        NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(2, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), PDL=pdl,
         num_warps=2, **launch_kwargs(pdl),
     )  # fmt: skip
     return out
