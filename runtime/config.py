@@ -30,6 +30,10 @@ class EngineArgs:
     served_model_name: str | None = _opt(None, "model name reported by the API")
     random_seed: int = _opt(0, "seed for weights of dummy models and unseeded sampling")
     attention_backend: str = _opt("auto", "attention kernels", ("auto", "torch_ref", "triton", "flashinfer"))
+    gemm_library: str = _opt(
+        "auto", "library of the dense matmuls on CUDA (auto: cuBLASLt for hidden sizes >= 4096, "
+        "else torch's default, cuBLAS)", ("auto", "cublas", "cublaslt"),
+    )  # fmt: skip
     quantization: str = _opt("none", "weight-only quantized linear layers on CPU", ("none", "int8", "int4"))
     cpu_threads: int | None = _opt(None, "torch threads of the model on CPU (default: all cores)")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a CUDA graph")

@@ -42,6 +42,7 @@ from phloem.runtime.executor.forward_io import (
     TokenLogprobs,
 )
 from phloem.runtime.host_copy import to_device, to_host_async
+from phloem.runtime.layers.blas import apply_gemm_library
 from phloem.runtime.model_files import ModelSource
 from phloem.runtime.models.config import ModelConfig
 from phloem.runtime.models.registry import get_model_class
@@ -111,6 +112,9 @@ class ModelRunner:
     kv_cache_dtype:
         ``auto`` (the compute dtype) or ``fp8_e4m3`` (scaled fp8, per-layer scales of 1.0; see
         :class:`phloem.runtime.cache.kv_pool.KVPool`). Sizes the pool as well as its storage.
+    gemm_library:
+        ``auto``, ``cublas`` or ``cublaslt``: the library of torch's matmuls on CUDA, chosen before
+        the decode graphs are captured (see :mod:`phloem.runtime.layers.blas`).
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class ModelRunner:
         cpu_threads: int | None = None,
         cuda_graph_max_bs: int = 256,  # 0 disables decode CUDA graphs
         kv_cache_dtype: str = "auto",
+        gemm_library: str = "auto",
     ) -> None:
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
@@ -142,6 +147,7 @@ class ModelRunner:
         config, weights = _load_checkpoint(model_source)
         self.context_len = int(context_len or config.context_len)
         self.model_config = config.replace(context_len=max(self.context_len, config.context_len))
+        self.gemm_library = apply_gemm_library(gemm_library, config.hidden_size, self.device)
         self.model = self._build_model(weights, seed, model_source)
         self.max_total_num_tokens = self._pool_tokens(max_total_tokens, mem_fraction_static)
         self.max_running_requests = int(
@@ -176,10 +182,10 @@ class ModelRunner:
             self.cuda_graphs.capture()
         logger.info(
             "model runner ready: dtype=%s kv_dtype=%s device=%s attention=%s max_total_num_tokens=%d "
-            "max_running_requests=%d context_len=%d deterministic=%s quantization=%s threads=%d",
+            "max_running_requests=%d context_len=%d deterministic=%s quantization=%s threads=%d gemm=%s",
             self.dtype, self.kv_dtype, self.device, backend_name, self.max_total_num_tokens,
             self.max_running_requests, self.context_len, deterministic, self.quantization,
-            torch.get_num_threads(),
+            torch.get_num_threads(), self.gemm_library,
         )  # fmt: skip
 
     # ---- construction -------------------------------------------------------------------------

@@ -98,6 +98,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         cpu_threads=args.cpu_threads,
         cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
         kv_cache_dtype=args.kv_cache_dtype,
+        gemm_library=args.gemm_library,
     )
     pool_rows = runner.req_to_token_pool
     allocator = TokenSlotAllocator(runner.kv_pool.num_slots)
@@ -184,6 +185,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
         "device": str(runner.device),
         "attention_backend": runner.attention_backend_name,
+        "gemm_library": runner.gemm_library,
         "available_mem_gb": round(getattr(runner, "available_mem_bytes", 0) / 2**30, 2),
         "hicache_host_tokens": hicache.host_pool.size if hicache is not None else 0,
         "overlap_schedule": cfg.overlap,

@@ -21,6 +21,7 @@ def test_cpu_overlap_is_opt_in_and_gives_the_same_tokens():
     info_default, ids_default = _run()
     info_overlap, ids_overlap = _run(enable_cpu_overlap_schedule=True)
     assert info_default["overlap_schedule"] is False
+    assert info_default["gemm_library"] == "cpu"  # --gemm-library picks nothing off CUDA
     assert info_overlap["overlap_schedule"] is True
     assert all(len(ids) == 24 for ids in ids_default)
     assert ids_overlap == ids_default

@@ -12,6 +12,9 @@ must be identical, token for token:
   at a fixed count and at the default (auto: as many steps as fit the budget at the measured step
   time).
 
+``--gemm-library cublaslt`` may pick other kernels, so only its plumbing and output lengths are
+checked.
+
 The reference runs one step per launch (``num_continuous_decode_steps=1``).
 
 Uses the default model when it is installed; with ``PHLOEM_TEST_TOKENIZER`` set (a tokenizer
@@ -87,3 +90,19 @@ def test_default_auto_continuous_decode_changes_no_token(graphs_pdl, monkeypatch
     assert batch == graphs_pdl[1]
     assert live["continuous_decode_steps_total"] > 0
     assert 0 < live["decode_step_ms"] < 8
+
+
+def test_gemm_library_reaches_the_model_runner(monkeypatch) -> None:
+    """``auto`` leaves the default model (hidden size 576) on torch's default, cuBLAS; an explicit
+    ``cublaslt`` is what the scheduler process's torch then uses, and decoding runs through it."""
+    for choice, expected in (("auto", "cublas"), ("cublaslt", "cublaslt")):
+        live: dict = {}
+        tok = os.environ.get("PHLOEM_TEST_TOKENIZER")
+        model = {"load_format": "dummy", "tokenizer_path": tok} if tok else {}
+        with Engine(
+            device="cuda", dtype="bfloat16", log_level="warning", gemm_library=choice, **model
+        ) as eng:
+            live.update(eng.get_server_info())
+            outs = eng.generate(BATCH, sampling_params=[dict(GREEDY) for _ in BATCH])
+        assert live["gemm_library"] == expected
+        assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in outs)
