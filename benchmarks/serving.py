@@ -149,13 +149,17 @@ async def measure(
     opt: RunOptions,
     *,
     metrics_url: str | None = None,
+    vocab: tuple[int, int] | None = None,
 ) -> tuple[dict[str, Any], list[Result]]:
-    """Run the sessions once; the report holds metrics only (the caller adds configuration)."""
+    """Run the sessions once; the report holds metrics only (the caller adds configuration).
+    ``vocab``: (model, tokenizer) vocabulary sizes where known (see ``report.token_check``)."""
     before = await scrape_metrics(metrics_url) if metrics_url else None
     results, duration = await run_sessions(backend, sessions, tokenizer, opt)
     after = await scrape_metrics(metrics_url) if metrics_url else None
     scraped = counter_delta(before, after) if before and after else None
-    report = summarize(results, duration, scraped=scraped, constrained=constrained_keys(sessions))
+    report = summarize(
+        results, duration, scraped=scraped, constrained=constrained_keys(sessions), vocab=vocab
+    )
     return report, results
 
 

@@ -18,9 +18,9 @@ import pytest
 aiohttp = pytest.importorskip("aiohttp")
 from aiohttp import web  # noqa: E402
 from phloem.bench import cli  # noqa: E402
-from phloem.bench.client import OpenAIBackend, PhloemBackend  # noqa: E402
+from phloem.bench.client import OpenAIBackend, PhloemBackend, Result  # noqa: E402
 from phloem.bench.datasets import Session, Turn  # noqa: E402
-from phloem.bench.report import parse_prometheus, percentile, summarize  # noqa: E402
+from phloem.bench.report import format_report, parse_prometheus, percentile, summarize  # noqa: E402
 from phloem.bench.runner import RunOptions, run_sessions  # noqa: E402
 
 
@@ -187,6 +187,30 @@ def test_failures_are_never_successes(server, tok, word, message):
 def test_server_token_overcount_is_an_error(server, tok):
     rep = run(PhloemBackend, server.url, [raw(0, "a LIAR", n=8)], tok)["report"]
     assert rep["token_count_mismatch"] and any("mismatch" in e for e in rep["errors"])
+
+
+def _counted(server_tokens: int, client_tokens: int) -> Result:
+    return Result(0, 0, prompt_len=4, output_len=server_tokens, success=True, latency=1.0,
+                  server_output_tokens=server_tokens, client_output_tokens=client_tokens)  # fmt: skip
+
+
+def test_dummy_model_with_more_ids_than_its_tokenizer_is_excused_from_the_token_check():
+    """Random weights of a 128k-vocabulary shape read through a 49k tokenizer emit ids that decode
+    to nothing: the counts cannot agree, and the run must not fail on it; with the tokenizer's
+    own vocabulary (or no sizes given) the same counts are an error."""
+    results = [_counted(100, 40)]
+    excused = summarize(results, 1.0, vocab=(128_256, 49_152))
+    assert not excused["token_count_mismatch"] and excused["errors"] == []
+    assert (
+        excused["token_count_check"]
+        == "not applicable: the model has 128,256 token ids, the tokenizer 49,152"
+    )
+    assert "Token count check" in format_report(excused)
+    for vocab in ((49_152, 49_152), None):
+        rep = summarize(results, 1.0, vocab=vocab)
+        assert rep["token_count_mismatch"] and rep["token_count_check"] == "done"
+        assert any("mismatch" in e for e in rep["errors"])
+        assert "Token count check" not in format_report(rep)
 
 
 def test_max_concurrency_is_respected(server, tok):
