@@ -2,9 +2,10 @@
 
 Projections of more than a few rows (prefill, decode past the few-row kernels) and the LM head go
 to torch, which asks cuBLAS by default. cuBLASLt picks other kernels for some of them. On an H200,
-Llama-3-8B shape: at 17-112 rows it runs the attention output up to 1.6x and the MLP's down
-projection up to 1.16x faster than cuBLAS and ties elsewhere (``benchmarks/gpu/gemm_rows.py``),
-and the offline benchmark gains 1.0-2.0% with it (10,414 / 10,517 -> 10,619 / 10,618 output tok/s,
+Llama-3-8B shape, weights read from HBM (sixteenth round): it runs the MLP's down projection 1.12x
+faster at 64 rows and the attention output 1.09x at 208, ties on most other (projection, rows)
+points and is ~2% slower on the down projection at 208-256 rows; the offline benchmark gains
+1.0-2.0% with it (10,414 / 10,517 -> 10,619 / 10,618 output tok/s,
 alternating, one machine; ``docs/benchmarks.md``, seventeenth round). For the small shapes
 (hidden size 576-1,024) neither library is faster at any row count and the engine was not
 measured with cuBLASLt, so ``auto`` leaves torch's choice alone there.
