@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import torch
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
+from phloem.runtime.attention.triton_extend_contig import contiguous_extend_ok, extend_attention_contiguous
 from phloem.runtime.attention.triton_kernels import (
     decode_attention,
     decode_scratch,
@@ -63,7 +64,8 @@ class TritonBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One kernel (per-head norms first, with ``qk_norm``) rotates q in place and writes
         rotated k and v to the pool, quantized for an fp8 pool (the torch reference path takes
-        the unfused route)."""
+        the unfused route). An extend pass also rotates k in place, for the extend kernel that
+        reads the new keys from it (``triton_extend_contig``)."""
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         fusable = (
             self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
@@ -75,8 +77,9 @@ class TritonBackend(AttentionBackend):
             return super().rotate(q, k, v, cos_sin, layer, qk_norm)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         rope_store_(
-            q, k, v, *cos_sin, k_buf, v_buf, self.out_slots, qk_norm=qk_norm, k_scale=k_scale, v_scale=v_scale
-        )
+            q, k, v, *cos_sin, k_buf, v_buf, self.out_slots, qk_norm=qk_norm, k_scale=k_scale, v_scale=v_scale,
+            k_inplace=self.mode == ForwardMode.EXTEND,
+        )  # fmt: skip
         self._stored_layer = layer
         return q, k
 
@@ -90,6 +93,14 @@ class TritonBackend(AttentionBackend):
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)
+        if contiguous_extend_ok(q, k, v, k_buf):  # new keys read from k, v; the prefix from the pool
+            return extend_attention_contiguous(
+                q, k, v, k_buf, v_buf, out,
+                req_to_token=self.req_to_token_pool.req_to_token,
+                req_pool_indices=self.req_pool_indices,
+                prefix_lens=self.prefix_lens, extend_lens=self.extend_lens, q_start=self.q_start,
+                block_req=self.block_req, block_m=self.block_m, sm_scale=self.scale,
+            )  # fmt: skip
         return extend_attention(
             q, k_buf, v_buf, out,
             req_to_token=self.req_to_token_pool.req_to_token,

@@ -145,10 +145,11 @@ def _rope_store_kernel(
     stride_kbt, stride_kbh, stride_vbt, stride_vbh, qn_ptr, kn_ptr, eps, k_scale, v_scale,
     NUM_Q_HEADS: tl.constexpr, NUM_K_HEADS: tl.constexpr, HALF: tl.constexpr, HEAD_DIM: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_D: tl.constexpr,
-    HAS_NORM: tl.constexpr, QUANT: tl.constexpr, PDL: tl.constexpr,
+    HAS_NORM: tl.constexpr, QUANT: tl.constexpr, K_INPLACE: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     # grid: (tokens,); q (normalized per head with HAS_NORM, then) rotated in place, k likewise
-    # into the token's KV slot, v copied there (QUANT: an fp8 pool, scaled by k_scale / v_scale)
+    # into the token's KV slot (and, with K_INPLACE, in place too), v copied there (QUANT: an fp8
+    # pool, scaled by k_scale / v_scale)
     pdl_trigger(PDL)
     pdl_wait(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -163,6 +164,10 @@ def _rope_store_kernel(
     _rotate_heads(k_ptr + t * stride_kt, stride_kh, k_buf_ptr + slot * stride_kbt, stride_kbh,
                   cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK, kn_ptr, eps, HAS_NORM,
                   k_scale, QUANT)  # fmt: skip
+    if K_INPLACE:  # after the slot write, which read k as it came in
+        k = k_ptr + t * stride_kt
+        _rotate_heads(k, stride_kh, k, stride_kh, cos, sin, offs_d, d_mask, NUM_K_HEADS, HALF, BLOCK_HK,
+                      kn_ptr, eps, HAS_NORM, 1.0, False)  # fmt: skip
     offs_h = tl.arange(0, BLOCK_HK)
     offs_v = tl.arange(0, BLOCK_D)
     mask = (offs_h < NUM_K_HEADS)[:, None] & (offs_v < HEAD_DIM)[None, :]
@@ -295,10 +300,12 @@ def rope_store_(
     qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    k_inplace: bool = False,
 ) -> torch.Tensor:
     """:func:`rope_` on ``q`` (in place, returned) with the K/V write of the layer folded in:
     ``k_buf[slots] = rope(k)`` and ``v_buf[slots] = v``, one launch instead of three (``k`` itself
-    is left as it is). ``k_buf``, ``v_buf``: ``[num_slots, Hk, D]`` of ``k``'s dtype, or an fp8
+    is left as it is unless ``k_inplace``: then it is rotated in place too, in the activation
+    dtype, for an attention kernel that reads the new keys from ``k``). ``k_buf``, ``v_buf``: ``[num_slots, Hk, D]`` of ``k``'s dtype, or an fp8
     pool (``torch.float8_e4m3fn``) with its per-tensor ``k_scale``/``v_scale``, written exactly as
     ``KVPool.set_kv`` writes the rotated k and v; ``slots``: ``[T]`` int64.
 
@@ -338,6 +345,7 @@ def rope_store_(
         NUM_Q_HEADS=num_q, NUM_K_HEADS=num_k, HALF=half, HEAD_DIM=dim,
         BLOCK_HQ=triton.next_power_of_2(num_q), BLOCK_HK=triton.next_power_of_2(num_k),
         BLOCK_HALF=triton.next_power_of_2(half), BLOCK_D=triton.next_power_of_2(dim),
-        HAS_NORM=qk_norm is not None, QUANT=quant, PDL=pdl, num_warps=4, **launch_kwargs(pdl),
+        HAS_NORM=qk_norm is not None, QUANT=quant, K_INPLACE=k_inplace, PDL=pdl, num_warps=4,
+        **launch_kwargs(pdl),
     )  # fmt: skip
     return q

@@ -131,16 +131,29 @@ def _clone_pool(pool: KVPool, dtype: torch.dtype) -> KVPool:
     return out
 
 
-def compare_with_ref(backend_name: str, batch: Batch, num_heads: int) -> float:
+def compare_with_ref(
+    backend_name: str, batch: Batch, num_heads: int, extend_kernel: str | None = None
+) -> float:
     """Run ``backend_name`` and a float64 ``torch_ref`` on the same batch; return the relative error.
 
     Also checks that the new K/V landed in the pool at ``out_slots`` and that nothing is NaN. The
     oracle runs after the fast backend, on a float64 copy of the pool that then holds the new K/V
     as stored (for an fp8 pool: rounded to fp8), so both attend over the same values.
+    ``extend_kernel`` (``"pool"`` or ``"contiguous"``, the Triton backend's extend): checks that
+    the backend takes that kernel for this batch, so a case cannot pass on the other one.
     """
     dtype = batch.q.dtype
     fast = get_attention_backend_class(backend_name)(batch.pool, batch.rtt, num_heads=num_heads)
     fast.init_metadata(batch.fi)
+    if extend_kernel is not None and batch.fi.mode == ForwardMode.EXTEND:
+        from phloem.runtime.attention.triton_extend_contig import contiguous_extend_ok
+
+        takes = (
+            "contiguous"
+            if contiguous_extend_ok(batch.q, batch.k, batch.v, batch.pool.get_kv(0)[0])
+            else "pool"
+        )
+        assert takes == extend_kernel, f"the backend would run the {takes} extend kernel, not {extend_kernel}"
     out = fast.forward(batch.q, batch.k, batch.v, 0)
     if backend_name == "triton" and batch.fi.mode == ForwardMode.DECODE:
         _check_decode_order_free(fast, batch, out)
@@ -157,6 +170,34 @@ def compare_with_ref(backend_name: str, batch: Batch, num_heads: int) -> float:
     err = float((out.double() - expect).norm() / expect.norm())
     assert err < REL_TOL[dtype], f"relative error {err:.3e} over {REL_TOL[dtype]:.0e}"
     return err
+
+
+def check_contiguous_extend_on_views(heads: Heads, *, device: str, seed: int) -> float:
+    """The contiguous extend kernel on q, k, v as the model hands them over: views into one fused
+    qkv projection output (row stride (Hq + 2 Hk) * D), over cached prefixes and ragged new
+    tokens, float16. Returns the relative error against ``torch_ref``."""
+    from phloem.runtime.attention import triton_extend_contig
+
+    b = make_batch(
+        [0, 40, 5, 67],
+        [9, 1, 70, 130],
+        ForwardMode.EXTEND,
+        heads,
+        dtype=torch.float16,
+        device=device,
+        seed=seed,
+    )
+    t, d = b.q.shape[0], heads.dim
+    qkv = torch.empty(t, (heads.q + 2 * heads.kv) * d, dtype=b.q.dtype, device=device)
+    q, k, v = qkv.split([heads.q * d, heads.kv * d, heads.kv * d], dim=-1)
+    q, k, v = q.view(t, heads.q, d), k.view(t, heads.kv, d), v.view(t, heads.kv, d)
+    q.copy_(b.q), k.copy_(b.k), v.copy_(b.v)
+    views = Batch(b.pool, b.rtt, b.fi, q, k, v)
+    mode, triton_extend_contig.MODE = triton_extend_contig.MODE, "contiguous"
+    try:
+        return compare_with_ref("triton", views, heads.q, extend_kernel="contiguous")
+    finally:
+        triton_extend_contig.MODE = mode
 
 
 def _check_decode_order_free(fast, batch: Batch, out: torch.Tensor) -> None:

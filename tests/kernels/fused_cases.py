@@ -128,11 +128,17 @@ def check_rope(shape: tuple[int, int, int, int], dtype: torch.dtype, device: str
 
 
 def check_rope_store(
-    shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int, qk_norm: bool = False
+    shape: tuple[int, int, int, int],
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+    qk_norm: bool = False,
+    k_inplace: bool = False,
 ) -> float:
     """RoPE fused with the K/V write: q rotated in place, ``k_buf[slots] = rope(k)``,
     ``v_buf[slots] = v``, every other pool row untouched (scattered, unordered slots). With
-    ``qk_norm``, a per-head RMSNorm of q and k (weights away from 1) comes first, as in Qwen3."""
+    ``qk_norm``, a per-head RMSNorm of q and k (weights away from 1) comes first, as in Qwen3.
+    ``k`` stays as it was, or with ``k_inplace`` holds exactly what its slots got."""
     from phloem.runtime.layers import fused_triton
     from phloem.runtime.layers.rmsnorm import rms_norm_ref
     from phloem.runtime.layers.rotary import RotaryEmbedding, rope_ref
@@ -161,9 +167,16 @@ def check_rope_store(
     ref_kb, ref_vb = k_buf.clone(), v_buf.clone()
     ref_kb[slots], ref_vb[slots] = ref_k, v
     k_before = k.clone()
-    out_q = fused_triton.rope_store_(q, k, v, *cos_sin, k_buf, v_buf, slots, qk_norm=norm)
+    v_before = v.clone()
+    out_q = fused_triton.rope_store_(
+        q, k, v, *cos_sin, k_buf, v_buf, slots, qk_norm=norm, k_inplace=k_inplace
+    )
     assert out_q.data_ptr() == q.data_ptr(), "rope_store_ did not rotate q in place"
-    assert torch.equal(k, k_before), "rope_store_ changed k"
+    if k_inplace:
+        assert torch.equal(k, k_buf[slots]), "k rotated in place differs from what its slots got"
+    else:
+        assert torch.equal(k, k_before), "rope_store_ changed k"
+    assert torch.equal(v, v_before), "rope_store_ changed v"
     assert torch.equal(v_buf, ref_vb), "v rows differ from a plain scatter of v"
     untouched = torch.ones(num_slots, dtype=torch.bool, device=device)
     untouched[slots] = False
@@ -175,6 +188,12 @@ def check_rope_store_qk_norm(
     shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int
 ) -> float:
     return check_rope_store(shape, dtype, device, seed, qk_norm=True)
+
+
+def check_rope_store_k_inplace(
+    shape: tuple[int, int, int, int], dtype: torch.dtype, device: str, seed: int
+) -> float:
+    return check_rope_store(shape, dtype, device, seed, qk_norm=True, k_inplace=True)
 
 
 def check_rope_store_fp8(
@@ -232,6 +251,7 @@ def run_small(dtypes: dict[str, torch.dtype], device: str = "cpu") -> int:
         *(("rope", check_rope, s) for s in SMALL_ROPE_SHAPES),
         *(("rope_store", check_rope_store, s) for s in SMALL_ROPE_SHAPES),
         *(("rope_store+qk_norm", check_rope_store_qk_norm, s) for s in SMALL_ROPE_SHAPES),
+        *(("rope_store+qk_norm+k_inplace", check_rope_store_k_inplace, s) for s in SMALL_ROPE_SHAPES),
         # not "rope_store fp8": the interpreter (Triton 3.6) converts float32 to e4m3 wrongly
         # (1.99 -> 1.0, -126.25 -> -64), so that case runs compiled on CUDA only
     ]

@@ -14,8 +14,17 @@ import sys
 os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
+from phloem.runtime.attention import triton_extend_contig  # noqa: E402
+from phloem.runtime.executor.forward_io import ForwardMode  # noqa: E402
 
-from tests.kernels.attention_cases import DTYPES, SMALL_BATCHES, SMALL_HEADS, compare_with_ref, make_batch  # noqa: E402
+from tests.kernels.attention_cases import (  # noqa: E402
+    DTYPES,
+    SMALL_BATCHES,
+    SMALL_HEADS,
+    check_contiguous_extend_on_views,
+    compare_with_ref,
+    make_batch,
+)
 
 # (k_scale, v_scale) of the fp8 runs: the default, and scales that make the kernels' folding visible
 FP8_SCALES = {"scale1": (1.0, 1.0), "scaled": (0.05, 0.02)}
@@ -32,17 +41,33 @@ def main(fp8: bool = False) -> int:
             # operands (numpy has no bf16; a bare 16x16 bf16 dot is off by 1e10 under triton 3.9).
             for dtype_name in ("fp32", "fp16"):
                 for pool_name, (kv_dtype, scales) in pools.items():
-                    name = f"{batch_name} {heads_name} {dtype_name} {pool_name}".rstrip()
-                    b = make_batch(
-                        prefix, extend, mode, heads, dtype=DTYPES[dtype_name], device="cpu", seed=7,
-                        kv_dtype=kv_dtype, kv_scales=scales,
-                    )  # fmt: skip
-                    try:
-                        err = compare_with_ref("triton", b, heads.q)
-                        print(f"ok   {name} rel_err={err:.2e}")
-                    except AssertionError as exc:
-                        failures += 1
-                        print(f"FAIL {name}: {exc}")
+                    # extend runs each kernel: through the pool, and (16-bit pools) the new keys
+                    # read from k, v (``triton_extend_contig``)
+                    contig = mode == ForwardMode.EXTEND and dtype_name == "fp16" and kv_dtype is None
+                    for kernel in ("pool", "contiguous") if contig else ("pool",):
+                        label = kernel if mode == ForwardMode.EXTEND else ""
+                        name = " ".join(
+                            x for x in (batch_name, heads_name, dtype_name, pool_name, label) if x
+                        )
+                        b = make_batch(
+                            prefix, extend, mode, heads, dtype=DTYPES[dtype_name], device="cpu", seed=7,
+                            kv_dtype=kv_dtype, kv_scales=scales,
+                        )  # fmt: skip
+                        triton_extend_contig.MODE = kernel
+                        try:
+                            err = compare_with_ref("triton", b, heads.q, extend_kernel=kernel)
+                            print(f"ok   {name} rel_err={err:.2e}")
+                        except AssertionError as exc:
+                            failures += 1
+                            print(f"FAIL {name}: {exc}")
+    if not fp8:
+        for heads_name, heads in SMALL_HEADS.items():
+            try:
+                err = check_contiguous_extend_on_views(heads, device="cpu", seed=11)
+                print(f"ok   contiguous extend on qkv views {heads_name} rel_err={err:.2e}")
+            except AssertionError as exc:
+                failures += 1
+                print(f"FAIL contiguous extend on qkv views {heads_name}: {exc}")
     return 1 if failures else 0
 
 

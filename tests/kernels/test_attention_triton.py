@@ -7,8 +7,17 @@ from __future__ import annotations
 
 import pytest
 import torch
+from phloem.runtime.attention import triton_extend_contig
+from phloem.runtime.executor.forward_io import ForwardMode
 
-from .attention_cases import BATCHES, DTYPES, HEADS, compare_with_ref, make_batch
+from .attention_cases import (
+    BATCHES,
+    DTYPES,
+    HEADS,
+    check_contiguous_extend_on_views,
+    compare_with_ref,
+    make_batch,
+)
 
 pytestmark = [
     pytest.mark.gpu,
@@ -27,6 +36,25 @@ def test_triton_matches_torch_ref(batch: str, heads: str, dtype: str) -> None:
     for seed in (0, 1):
         b = make_batch(prefix_lens, extend_lens, mode, h, dtype=DTYPES[dtype], device="cuda", seed=seed)
         compare_with_ref("triton", b, h.q)
+
+
+EXTEND_BATCHES = sorted(name for name, (_, _, mode) in BATCHES.items() if mode == ForwardMode.EXTEND)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("heads", sorted(HEADS))
+@pytest.mark.parametrize("batch", EXTEND_BATCHES)
+def test_contiguous_extend_matches_torch_ref(batch: str, heads: str, dtype: str, monkeypatch) -> None:
+    """The extend kernel that reads the new keys from k, v (compute capability 9.0 and later)."""
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need compute capability 9.0")
+    monkeypatch.setattr(triton_extend_contig, "MODE", "contiguous")
+    prefix_lens, extend_lens, mode = BATCHES[batch]
+    h = HEADS[heads]
+    for seed in (0, 1):
+        b = make_batch(prefix_lens, extend_lens, mode, h, dtype=DTYPES[dtype], device="cuda", seed=seed)
+        compare_with_ref("triton", b, h.q, extend_kernel="contiguous")
+    check_contiguous_extend_on_views(h, device="cuda", seed=5)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 64, 200])

@@ -72,9 +72,12 @@ def test_rope_matches_ref(shape: tuple[int, int, int, int], dtype: str) -> None:
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("shape", ROPE_SHAPES, ids=str)
 @pytest.mark.parametrize("qk_norm", [False, True], ids=["plain", "qk_norm"])
-def test_rope_store_matches_ref(shape: tuple[int, int, int, int], dtype: str, qk_norm: bool) -> None:
+@pytest.mark.parametrize("k_inplace", [False, True], ids=["k_kept", "k_inplace"])
+def test_rope_store_matches_ref(
+    shape: tuple[int, int, int, int], dtype: str, qk_norm: bool, k_inplace: bool
+) -> None:
     for seed in (0, 1):
-        check_rope_store(shape, DTYPES[dtype], "cuda", seed, qk_norm=qk_norm)
+        check_rope_store(shape, DTYPES[dtype], "cuda", seed, qk_norm=qk_norm, k_inplace=k_inplace)
 
 
 @pytest.mark.gpu
@@ -91,7 +94,7 @@ def test_rope_store_fp8_matches_set_kv(shape: tuple[int, int, int, int], dtype: 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernels are tested instead")
 def test_fused_kernels_under_interpreter() -> None:
-    cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + 3 * len(SMALL_ROPE_SHAPES)
+    cases = len(SMALL_NORM_SHAPES) + len(SMALL_SILU_SHAPES) + 4 * len(SMALL_ROPE_SHAPES)
     assert_interpreted_cases_pass("tests.kernels.fused_cases", cases * len(DTYPES))
 
 
@@ -217,3 +220,29 @@ def test_model_fp8_pool_fused_matches_unfused_cuda(shape: str, dtype: str, resto
             fused = layered_forward(runner, fi)
             err = rel_err(fused, unfused)
             assert err <= 0.02, f"fused vs unfused model over an fp8 pool: rel err {err:.2e}"
+
+
+@pytest.mark.gpu
+@requires_cuda
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("shape", ["tiny-llama", "tiny-qwen3"])
+def test_model_contiguous_extend_matches_pool_extend_cuda(
+    shape: str, dtype: str, restore_switch, monkeypatch
+) -> None:
+    """Fused kernels on, Triton attention: ``rope_store_`` leaves the rotated k in place and the
+    extend passes read the new keys from it (``triton_extend_contig``), against the pool kernel."""
+    from phloem.runtime.attention import triton_extend_contig
+
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("tensor descriptors need compute capability 9.0")
+    runner = make_runner(shape, dtype, "cuda", "triton")
+    set_fused_kernels(True)
+    with torch.inference_mode():
+        for fi in batches(runner):
+            fi = fi.to("cuda")
+            monkeypatch.setattr(triton_extend_contig, "MODE", "pool")
+            pool = layered_forward(runner, fi).clone()
+            monkeypatch.setattr(triton_extend_contig, "MODE", "contiguous")
+            contig = layered_forward(runner, fi)
+            err = rel_err(contig, pool)
+            assert err <= 4 * REL_TOL[runner.dtype], f"contiguous vs pool extend: rel err {err:.2e}"

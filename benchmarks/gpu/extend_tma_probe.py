@@ -1,0 +1,103 @@
+"""Prefill attention alone: the pool kernel against the one that reads new keys contiguously.
+
+The runtime's pool kernel (``triton_kernels.extend_attention``) reads every key through the
+request's ``req_to_token`` row, one pool slot per key; ``triton_extend_contig`` reads the new
+tokens' K/V as tiles of the contiguous projection output through tensor descriptors (TMA). One
+prefill chunk like the offline workload's (16 prompts of 100-1,000 tokens, seeded, no cached
+prefix), one layer, CUDA, compute capability 9.0 or later:
+
+- ``pool``: ``extend_attention`` at its defaults over scattered slots;
+- ``pool-contig``: the same over slots in token order (what the gather's scatter costs);
+- ``contiguous``: ``extend_attention_contiguous`` at a few tile settings (keys a tile, warps,
+  stages; 64 queries a program).
+
+Outputs are compared with the pool kernel's.
+
+    python3 -m benchmarks.gpu.extend_tma_probe --shape llama3-8b,qwen3-0.6b --out F
+
+(The eighteenth round's figures came from this script's first version, with the kernel in the
+script and the pool kernel timed through ``TritonBackend.forward_extend``, which also writes the
+new K/V: ``benchmarks/results/h200/round18/e/``.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+
+import torch
+
+TILES = ((64, 4, 3), (64, 4, 2), (32, 4, 3), (64, 8, 3))  # keys a tile, warps, stages
+
+
+def probe(shape: str, bench, seed: int = 0, prompts: int = 16) -> list[dict]:
+    from phloem.runtime.attention.triton_extend_contig import extend_attention_contiguous
+    from phloem.runtime.attention.triton_kernels import extend_attention
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    from benchmarks.gpu.attention_bench import SHAPES, _backend, _setup
+
+    hq, _, d = SHAPES[shape]
+    gen = torch.Generator().manual_seed(seed)
+    ext = torch.randint(100, 1001, (prompts,), generator=gen).tolist()
+    flops = 4 * sum(e * (e + 1) // 2 for e in ext) * hq * d  # causal (query, key) pairs
+    rows: list[dict] = []
+    ref = None
+
+    def record(name: str, settings: str, run) -> torch.Tensor:
+        out = run().clone()
+        ms = bench(run)
+        diff = 0.0 if ref is None else float((out.float() - ref.float()).abs().max())
+        rows.append({"shape": shape, "variant": name, "settings": settings, "tokens": sum(ext), "ms": round(ms, 4),
+                     "tflops": round(flops / ms / 1e9, 1), "max_diff_vs_pool": diff})  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
+        return out
+
+    for name, contiguous in (("pool", False), ("pool-contig", True)):
+        torch.manual_seed(seed)  # the same pool contents and q, k, v for both
+        pool, rtt, fi, q, k, v = _setup(shape, [0] * len(ext), ext, ForwardMode.EXTEND, contiguous=contiguous)
+        tri = _backend("triton", pool, rtt, fi, hq)
+        pool.set_kv(0, fi.out_slots, k, v)
+        k_buf, v_buf = pool.get_kv(0)
+        common = dict(
+            req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices, prefix_lens=fi.prefix_lens,
+            extend_lens=fi.extend_lens, q_start=tri.q_start, block_req=tri.block_req, block_m=tri.block_m,
+            sm_scale=d**-0.5,
+        )  # fmt: skip
+        out = record(
+            name,
+            "default",
+            functools.partial(extend_attention, q, k_buf, v_buf, torch.empty_like(q), **common),
+        )
+        ref = out if ref is None else ref
+    for block_n, warps, stages in TILES:
+        run = functools.partial(
+            extend_attention_contiguous, q, k, v, k_buf, v_buf, torch.empty_like(q), **common,
+            block_n=block_n, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        try:
+            record("contiguous", f"64/{block_n}/{warps}/{stages}", run)
+        except Exception as exc:  # out of resources for this tile
+            print(f"skip {block_n}/{warps}/{stages}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="llama3-8b")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    from triton.testing import do_bench
+
+    rows = []
+    for shape in args.shape.split(","):
+        rows += probe(shape, lambda f: do_bench(f, warmup=5, rep=30, return_mode="median"))
+    if args.out:
+        with open(args.out, "w") as f:
+            cmd = "python3 -m benchmarks.gpu.extend_tma_probe --shape " + args.shape
+            json.dump({"command": cmd, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
