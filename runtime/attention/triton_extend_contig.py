@@ -184,7 +184,7 @@ def extend_attention_contiguous(
     block_m: torch.Tensor,
     sm_scale: float,
     block_n: int = 64,
-    num_warps: int = 4,
+    num_warps: int | None = None,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """Causal attention of ragged new tokens over their cached prefix (``k_buf``/``v_buf``, through
@@ -193,8 +193,11 @@ def extend_attention_contiguous(
 
     ``block_req`` / ``block_m``: :func:`triton_kernels.extend_block_table` for ``EXTEND_BLOCK_M``
     (64) queries a block, as ``TritonBackend.init_metadata`` builds it.
-    Defaults: 64 keys a tile, 4 warps, 3 stages, the fastest of the probe's tiles (0.1616 ms, with
-    128 x 64 x 8 warps next at 0.2107).
+    Defaults: 64 keys a tile and 3 stages, as the probe's fastest tile (64 x 64, 4 warps, 3 stages:
+    0.1616 ms); 8 warps for head dim 128 and more, 4 below. With the prefix phase added, 4 warps
+    at head dim 128 need 255 registers and a 616-byte stack of spills on sm_90 (``ptxas``, Triton
+    3.9), 8 warps 163 and none; the probe's kernel without it took 243 and none. The 8-warp tile has
+    not been timed yet.
     """
     t, num_q_heads, head_dim = q.shape
     if t == 0:
@@ -214,6 +217,6 @@ def extend_attention_contiguous(
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         sm_scale * _LOG2E,
         GROUP=num_q_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=block_n,
-        num_warps=num_warps, num_stages=num_stages,
+        num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
     )  # fmt: skip
     return out
