@@ -1,0 +1,93 @@
+"""When the Triton backend's extend takes the contiguous-K/V kernel (``contiguous_extend_ok``).
+
+Pure host logic over tensor metadata: no kernel runs here (the interpreter and GPU tests in
+``tests/kernels`` check the kernel itself).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+contig = pytest.importorskip("phloem.runtime.attention.triton_extend_contig")
+
+
+def _qkv(t: int = 10, hq: int = 4, hk: int = 2, d: int = 64, dtype=torch.float16):
+    """q, k, v as the model hands them over: views into one fused projection output."""
+    qkv = torch.zeros(t, (hq + 2 * hk) * d, dtype=dtype)
+    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    return q.view(t, hq, d), k.view(t, hk, d), v.view(t, hk, d)
+
+
+@pytest.fixture
+def contiguous_mode(monkeypatch):
+    monkeypatch.setattr(contig, "MODE", "contiguous")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # CPU tensors qualify only under the interpreter
+
+
+def test_off_unless_asked(monkeypatch) -> None:
+    monkeypatch.setattr(contig, "MODE", "pool")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    q, k, v = _qkv()
+    assert not contig.contiguous_extend_ok(q, k, v, torch.zeros(5, 2, 64, dtype=torch.float16))
+
+
+def test_fused_qkv_views_qualify(contiguous_mode) -> None:
+    q, k, v = _qkv()
+    assert contig.contiguous_extend_ok(q, k, v, torch.zeros(5, 2, 64, dtype=torch.float16))
+
+
+def test_cpu_without_interpreter_keeps_the_pool_kernel(monkeypatch) -> None:
+    monkeypatch.setattr(contig, "MODE", "contiguous")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k, v = _qkv()
+    assert not contig.contiguous_extend_ok(q, k, v, torch.zeros(5, 2, 64, dtype=torch.float16))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["fp8 pool", "float32", "head dim 48", "head dim 512", "k not row-contiguous", "odd row stride"],
+)
+def test_the_pool_kernel_keeps_what_a_descriptor_cannot_read(contiguous_mode, case: str) -> None:
+    q, k, v = _qkv()
+    k_buf = torch.zeros(5, 2, 64, dtype=torch.float16)
+    if case == "fp8 pool":  # the decode reads fp8-rounded keys; so does the pool kernel
+        k_buf = k_buf.to(torch.float8_e4m3fn)
+    elif case == "float32":
+        q, k, v = _qkv(dtype=torch.float32)
+        k_buf = k_buf.float()
+    elif case == "head dim 48":  # not a power of two
+        q, k, v = _qkv(d=48)
+        k_buf = torch.zeros(5, 2, 48, dtype=torch.float16)
+    elif case == "head dim 512":
+        q, k, v = _qkv(d=512)
+        k_buf = torch.zeros(5, 2, 512, dtype=torch.float16)
+    elif case == "k not row-contiguous":  # heads interleaved: [T, D, H] transposed
+        k = torch.zeros(10, 64, 2, dtype=torch.float16).transpose(1, 2)
+    elif case == "odd row stride":  # rows of 7 heads x 16 values + 4 spare: 232 bytes, not 16-aligned
+        qkv = torch.zeros(10, 7 * 16 + 4, dtype=torch.float16)
+        q, k, v = qkv[:, :48].view(10, 3, 16), qkv[:, 48:80].view(10, 2, 16), qkv[:, 80:112].view(10, 2, 16)
+        k_buf = torch.zeros(5, 2, 16, dtype=torch.float16)
+        assert k.data_ptr() % 16 == 0  # only the row stride is wrong
+    assert not contig.contiguous_extend_ok(q, k, v, k_buf), case
+
+
+def test_rows_2d_is_a_view_with_the_row_stride() -> None:
+    _, k, _ = _qkv(t=6, hq=4, hk=2, d=64)
+    rows = contig._rows_2d(k)
+    assert rows is not None and rows.shape == (6, 128) and rows.stride() == (k.stride(0), 1)
+    assert rows.data_ptr() == k.data_ptr()
+    k.fill_(1.0)
+    assert torch.all(rows == 1.0)
+
+
+def test_block_n_must_divide_the_query_block() -> None:
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="block_n"):
+        contig.extend_attention_contiguous(
+            q, k, v, k, v, torch.empty_like(q), req_to_token=torch.zeros(1, 10, dtype=torch.int64),
+            req_pool_indices=torch.zeros(1, dtype=torch.int64), prefix_lens=torch.zeros(1, dtype=torch.int64),
+            extend_lens=torch.tensor([10]), q_start=torch.zeros(1, dtype=torch.int64),
+            block_req=torch.zeros(1, dtype=torch.int64), block_m=torch.zeros(1, dtype=torch.int64),
+            sm_scale=0.125, block_n=128,
+        )  # fmt: skip
