@@ -35,6 +35,7 @@ BATCHES: dict[str, tuple[list[int], list[int], ForwardMode]] = {
     "extend_prefix": ([45], [19], ForwardMode.EXTEND),
     "extend_mixed": ([0, 130, 7, 64, 3], [33, 1, 70, 16, 0], ForwardMode.EXTEND),
     "extend_long": ([700, 0], [150, 260], ForwardMode.EXTEND),
+    "extend_edges": ([64, 0, 3, 0, 200], [64, 128, 1, 5, 300], ForwardMode.EXTEND),
     "decode_mixed": ([0, 17, 300, 5, 1000], [1, 1, 1, 1, 1], ForwardMode.DECODE),
     "decode_long": ([2047], [1], ForwardMode.DECODE),
     "decode_batch64": ([(37 * i) % 900 for i in range(64)], [1] * 64, ForwardMode.DECODE),
@@ -49,6 +50,9 @@ HEADS = {
 SMALL_BATCHES: dict[str, tuple[list[int], list[int], ForwardMode]] = {
     "extend_mixed_small": ([0, 40, 5], [9, 1, 70], ForwardMode.EXTEND),
     "decode_small": ([0, 17, 90], [1, 1, 1], ForwardMode.DECODE),
+    # block edges: a prefix of exactly one key block, new tokens filling one and two query blocks
+    # exactly, a single token, and a request whose last tile runs past the end of the batch
+    "extend_edges_small": ([64, 0, 3, 0], [64, 128, 1, 5], ForwardMode.EXTEND),
 }
 SMALL_HEADS = {"gqa2_d64": Heads(4, 2, 64), "gqa4_d128": Heads(4, 1, 128)}
 
