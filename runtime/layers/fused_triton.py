@@ -306,8 +306,9 @@ def rope_store_(
     ``k_buf[slots] = rope(k)`` and ``v_buf[slots] = v``, one launch instead of three (``k`` itself
     is left as it is unless ``k_inplace``: then it is rotated in place too, in the activation
     dtype, for an attention kernel that reads the new keys from ``k``). ``k_buf``, ``v_buf``:
-    ``[num_slots, Hk, D]`` of ``k``'s dtype, or an fp8 pool (``torch.float8_e4m3fn``) with its per-tensor ``k_scale``/``v_scale``, written exactly as
-    ``KVPool.set_kv`` writes the rotated k and v; ``slots``: ``[T]`` int64.
+    ``[num_slots, Hk, D]`` of ``k``'s dtype, or an fp8 pool (``torch.float8_e4m3fn``) with its
+    per-tensor ``k_scale``/``v_scale``, written exactly as ``KVPool.set_kv`` writes the rotated k
+    and v; ``slots``: ``[T]`` int64.
 
     ``qk_norm``: ``(q_weight, k_weight, eps)``, each weight ``[D]``: a per-head RMSNorm of q and k
     before the rotation (Qwen3), so ``q = rope(rmsnorm(q))`` and ``k_buf[slots] = rope(rmsnorm(k))``;
