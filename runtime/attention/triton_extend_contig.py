@@ -12,10 +12,12 @@ mask on the diagonal tiles only. The same softmax as the pool kernel, in base 2:
         keys = pool[req_to_token[r, :s_r]] ++ new_k[start_r : start_r + i + 1]
         out[start_r + i, h] = softmax(q . keys[h // group] * scale) @ values[h // group]
 
-Measured alone on an H200 (``benchmarks/gpu/extend_tma_probe.py``, Llama-3-8B heads, 16 prompts of
-100-1,000 tokens, no prefix): 0.16 ms, against 0.54 ms for the pool kernel timed through
+Its probe on an H200 (the same new-key phase without the prefix phase, 64 x 64 tiles, 4 warps;
+``benchmarks/results/h200/round18/e``; Llama-3-8B heads, 16 prompts of 100-1,000 tokens, no
+prefix) ran in 0.16 ms, against 0.54 ms for the pool kernel timed through
 ``TritonBackend.forward_extend`` (which also writes the new K/V to the pool) on the same machine,
-and 0.23 ms for the pool kernel alone on the same chunk on another machine (eleventh round).
+and 0.23 ms for the pool kernel alone on the same chunk on another machine (eleventh round). This
+kernel itself, at its defaults, has not been timed yet.
 
 Used for 16-bit K/V pools on compute capability 9.0 and later (and under Triton's interpreter,
 where the tests run it), when ``PHLOEM_EXTEND_KERNEL=contiguous``; the pool kernel otherwise
