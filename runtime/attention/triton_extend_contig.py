@@ -44,6 +44,8 @@ __all__ = ["MODE", "contiguous_extend_ok", "extend_attention_contiguous"]
 # "contiguous" turns this kernel on where it applies; "pool" (the default) keeps the pool kernel
 # for every pass. Read at import; tests set the attribute.
 MODE = os.environ.get("PHLOEM_EXTEND_KERNEL", "pool")
+if MODE not in ("pool", "contiguous"):  # a typo must not fall back to the pool kernel unnoticed
+    raise ValueError(f"PHLOEM_EXTEND_KERNEL must be 'pool' or 'contiguous', got {MODE!r}")
 _LOG2E = 1.4426950408889634
 
 
