@@ -28,7 +28,16 @@ import json
 
 import torch
 
-TILES = ((64, 4, 3), (64, 4, 2), (32, 4, 3), (64, 8, 3))  # keys a tile, warps, stages
+TILES = (
+    (64, 4, 3),
+    (64, 4, 2),
+    (32, 4, 3),
+    (32, 4, 2),
+    (32, 4, 4),
+    (16, 4, 3),
+    (64, 8, 3),
+    (32, 8, 3),
+)  # keys a tile, warps, stages
 
 
 def probe(shape: str, bench, seed: int = 0, prompts: int = 16) -> list[dict]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-from phloem.runtime.attention import triton_extend_contig
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
 from phloem.runtime.attention.triton_extend_contig import contiguous_extend_ok, extend_attention_contiguous
 from phloem.runtime.attention.triton_kernels import (
@@ -65,9 +64,9 @@ class TritonBackend(AttentionBackend):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One kernel (per-head norms first, with ``qk_norm``) rotates q in place and writes
         rotated k and v to the pool, quantized for an fp8 pool (the torch reference path takes
-        the unfused route). With ``PHLOEM_EXTEND_KERNEL=contiguous`` an extend pass also rotates
-        k in place, for the extend kernel that reads the new keys from it (``triton_extend_contig``);
-        otherwise k is left as it came."""
+        the unfused route). An extend pass that the contiguous-K/V kernel will serve
+        (``triton_extend_contig``) also rotates k in place, for that kernel reads the new keys from
+        it; otherwise k is left as it came."""
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         fusable = (
             self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
@@ -80,7 +79,7 @@ class TritonBackend(AttentionBackend):
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         rope_store_(
             q, k, v, *cos_sin, k_buf, v_buf, self.out_slots, qk_norm=qk_norm, k_scale=k_scale, v_scale=v_scale,
-            k_inplace=self.mode == ForwardMode.EXTEND and triton_extend_contig.MODE == "contiguous",
+            k_inplace=self.mode == ForwardMode.EXTEND and contiguous_extend_ok(q, k, v, k_buf),
         )  # fmt: skip
         self._stored_layer = layer
         return q, k

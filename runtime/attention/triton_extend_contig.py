@@ -12,16 +12,14 @@ mask on the diagonal tiles only. The same softmax as the pool kernel, in base 2:
         keys = pool[req_to_token[r, :s_r]] ++ new_k[start_r : start_r + i + 1]
         out[start_r + i, h] = softmax(q . keys[h // group] * scale) @ values[h // group]
 
-Its probe on an H200 (the same new-key phase without the prefix phase, 64 x 64 tiles, 4 warps;
-``benchmarks/results/h200/round18/e``; Llama-3-8B heads, 16 prompts of 100-1,000 tokens, no
-prefix) ran in 0.16 ms, against 0.54 ms for the pool kernel timed through
-``TritonBackend.forward_extend`` (which also writes the new K/V to the pool) on the same machine,
-and 0.23 ms for the pool kernel alone on the same chunk on another machine (eleventh round). This
-kernel itself, at its defaults, has not been timed yet.
+On an H200 (``benchmarks/gpu/extend_tma_probe.py``, ``benchmarks/results/h200/round19/a``; one
+prefill chunk of 16 prompts of 100-1,000 tokens, 8,455 in all, no prefix; one layer) this kernel
+at its defaults took 0.170 ms for Llama-3-8B heads and 0.093 ms for Qwen3-0.6B heads, against
+0.454 ms and 0.251 ms for the pool kernel on the same machine: 2.7x.
 
 Used for 16-bit K/V pools on compute capability 9.0 and later (and under Triton's interpreter,
-where the tests run it), when ``PHLOEM_EXTEND_KERNEL=contiguous``; the pool kernel otherwise
-(fp8 pools read the rounded keys the decode reads, so they keep it).
+where the tests run it) unless ``PHLOEM_EXTEND_KERNEL=pool``; the pool kernel otherwise (fp8
+pools read the rounded keys the decode reads, so they keep it).
 """
 
 from __future__ import annotations
@@ -41,9 +39,9 @@ except ImportError:  # pragma: no cover - older Triton: the pool kernel serves e
 
 __all__ = ["MODE", "contiguous_extend_ok", "extend_attention_contiguous"]
 
-# "contiguous" turns this kernel on where it applies; "pool" (the default) keeps the pool kernel
-# for every pass. Read at import; tests set the attribute.
-MODE = os.environ.get("PHLOEM_EXTEND_KERNEL", "pool")
+# "contiguous" (the default) runs this kernel where it applies; "pool" keeps the pool kernel for
+# every pass. Read at import; tests set the attribute.
+MODE = os.environ.get("PHLOEM_EXTEND_KERNEL", "contiguous")
 if MODE not in ("pool", "contiguous"):  # a typo must not fall back to the pool kernel unnoticed
     raise ValueError(f"PHLOEM_EXTEND_KERNEL must be 'pool' or 'contiguous', got {MODE!r}")
 _LOG2E = 1.4426950408889634
@@ -187,8 +185,8 @@ def extend_attention_contiguous(
     block_req: torch.Tensor,
     block_m: torch.Tensor,
     sm_scale: float,
-    block_n: int = 64,
-    num_warps: int | None = None,
+    block_n: int = 32,
+    num_warps: int = 4,
     num_stages: int = 3,
 ) -> torch.Tensor:
     """Causal attention of ragged new tokens over their cached prefix (``k_buf``/``v_buf``, through
@@ -197,11 +195,11 @@ def extend_attention_contiguous(
 
     ``block_req`` / ``block_m``: :func:`triton_kernels.extend_block_table` for ``EXTEND_BLOCK_M``
     (64) queries a block, as ``TritonBackend.init_metadata`` builds it.
-    Defaults: 64 keys a tile and 3 stages, as the probe's fastest tile (64 x 64, 4 warps, 3 stages:
-    0.1616 ms); 8 warps for head dim 128 and more, 4 below. With the prefix phase added, 4 warps
-    at head dim 128 need 255 registers and a 616-byte stack of spills on sm_90 (``ptxas``, Triton
-    3.9), 8 warps 163 and none; the probe's kernel without it took 243 and none. The 8-warp tile has
-    not been timed yet.
+    Defaults: the fastest tile of the probe at both head shapes (head dim 128): 32 keys a tile,
+    4 warps, 3 stages (Llama-3-8B heads: 0.170 ms; 64 keys 0.176 ms; 64 keys and 2 stages
+    0.189 ms; 64 keys and 8 warps 0.390 ms). 4 warps run with some register spills at head dim
+    128 (``ptxas`` for sm_90 reported a 616-byte stack at 64 keys a tile) and are still the
+    fastest.
     """
     t, num_q_heads, head_dim = q.shape
     if t == 0:
@@ -221,6 +219,6 @@ def extend_attention_contiguous(
         k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), req_to_token.stride(0),
         sm_scale * _LOG2E,
         GROUP=num_q_heads // k.shape[1], HEAD_DIM=head_dim, BLOCK_M=EXTEND_BLOCK_M, BLOCK_N=block_n,
-        num_warps=num_warps or (8 if head_dim >= 128 else 4), num_stages=num_stages,
+        num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     return out

@@ -30,12 +30,15 @@ pytestmark = [
 @pytest.mark.parametrize("dtype", sorted(DTYPES))
 @pytest.mark.parametrize("heads", sorted(HEADS))
 @pytest.mark.parametrize("batch", sorted(BATCHES))
-def test_triton_matches_torch_ref(batch: str, heads: str, dtype: str) -> None:
+def test_triton_matches_torch_ref(batch: str, heads: str, dtype: str, monkeypatch) -> None:
+    """Every pass through the pool kernels (extend included: the contiguous-K/V extend kernel has
+    its own test below)."""
+    monkeypatch.setattr(triton_extend_contig, "MODE", "pool")
     prefix_lens, extend_lens, mode = BATCHES[batch]
     h = HEADS[heads]
     for seed in (0, 1):
         b = make_batch(prefix_lens, extend_lens, mode, h, dtype=DTYPES[dtype], device="cuda", seed=seed)
-        compare_with_ref("triton", b, h.q)
+        compare_with_ref("triton", b, h.q, extend_kernel="pool")
 
 
 EXTEND_BATCHES = sorted(name for name, (_, _, mode) in BATCHES.items() if mode == ForwardMode.EXTEND)

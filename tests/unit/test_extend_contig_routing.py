@@ -91,3 +91,27 @@ def test_block_n_must_divide_the_query_block() -> None:
             block_req=torch.zeros(1, dtype=torch.int64), block_m=torch.zeros(1, dtype=torch.int64),
             sm_scale=0.125, block_n=128,
         )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "mode"), [(None, "contiguous"), ("pool", "pool"), ("contiguous", "contiguous"), ("flat", None)]
+)
+def test_mode_from_the_environment(env: str | None, mode: str | None) -> None:
+    """Contiguous by default; ``PHLOEM_EXTEND_KERNEL=pool`` opts out; any other value is an error
+    naming the variable (read at import: a fresh interpreter each)."""
+    import os
+    import subprocess
+    import sys
+
+    environ = {k: v for k, v in os.environ.items() if k != "PHLOEM_EXTEND_KERNEL"}
+    if env is not None:
+        environ["PHLOEM_EXTEND_KERNEL"] = env
+    code = "import phloem.runtime.attention.triton_extend_contig as c; print(c.MODE)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=environ, capture_output=True, text=True, timeout=120
+    )
+    if mode is None:
+        assert out.returncode != 0 and "PHLOEM_EXTEND_KERNEL" in out.stderr
+    else:
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == mode
