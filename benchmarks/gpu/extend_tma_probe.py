@@ -11,9 +11,13 @@ prefix), one layer, CUDA, compute capability 9.0 or later:
 - ``contiguous``: ``extend_attention_contiguous`` at a few tile settings (keys a tile, warps,
   stages; 64 queries a program).
 
-Outputs are compared with the pool kernel's.
+Outputs are compared with the pool kernel's on the same setup (the in-order slots).
+``--prefix P --extend E``: every prompt has a cached prefix of P tokens and E new ones (a
+radix-cache hit or a chunked prompt's later chunk), so the prefix phase, which both kernels read
+through ``req_to_token``, is timed too.
 
     python3 -m benchmarks.gpu.extend_tma_probe --shape llama3-8b,qwen3-0.6b --out F
+    python3 -m benchmarks.gpu.extend_tma_probe --shape llama3-8b --prefix 2048 --extend 128 --out F
 
 (The eighteenth round's figures came from this script's first version, with the kernel in the
 script and the pool kernel timed through ``TritonBackend.forward_extend``, which also writes the
@@ -40,7 +44,11 @@ TILES = (
 )  # keys a tile, warps, stages
 
 
-def probe(shape: str, bench, seed: int = 0, prompts: int = 16) -> list[dict]:
+def probe(
+    shape: str, bench, seed: int = 0, prompts: int = 16, prefix: int = 0, extend: int = 0
+) -> list[dict]:
+    """``prefix``: every prompt's cached prefix (read through ``req_to_token`` by both kernels);
+    ``extend``: every prompt's new tokens (0: 100-1,000, seeded)."""
     from phloem.runtime.attention.triton_extend_contig import extend_attention_contiguous
     from phloem.runtime.attention.triton_kernels import extend_attention
     from phloem.runtime.executor.forward_io import ForwardMode
@@ -49,8 +57,9 @@ def probe(shape: str, bench, seed: int = 0, prompts: int = 16) -> list[dict]:
 
     hq, _, d = SHAPES[shape]
     gen = torch.Generator().manual_seed(seed)
-    ext = torch.randint(100, 1001, (prompts,), generator=gen).tolist()
-    flops = 4 * sum(e * (e + 1) // 2 for e in ext) * hq * d  # causal (query, key) pairs
+    ext = [extend] * prompts if extend else torch.randint(100, 1001, (prompts,), generator=gen).tolist()
+    # (query, key) pairs: the whole prefix, then causal among the new tokens
+    flops = 4 * sum(prefix * e + e * (e + 1) // 2 for e in ext) * hq * d
     rows: list[dict] = []
     ref = None
 
@@ -58,14 +67,16 @@ def probe(shape: str, bench, seed: int = 0, prompts: int = 16) -> list[dict]:
         out = run().clone()
         ms = bench(run)
         diff = 0.0 if ref is None else float((out.float() - ref.float()).abs().max())
-        rows.append({"shape": shape, "variant": name, "settings": settings, "tokens": sum(ext), "ms": round(ms, 4),
+        rows.append({"shape": shape, "prefix": prefix, "variant": name, "settings": settings, "tokens": sum(ext), "ms": round(ms, 4),
                      "tflops": round(flops / ms / 1e9, 1), "max_diff_vs_pool": diff})  # fmt: skip
         print(json.dumps(rows[-1]), flush=True)
         return out
 
     for name, contiguous in (("pool", False), ("pool-contig", True)):
         torch.manual_seed(seed)  # the same pool contents and q, k, v for both
-        pool, rtt, fi, q, k, v = _setup(shape, [0] * len(ext), ext, ForwardMode.EXTEND, contiguous=contiguous)
+        pool, rtt, fi, q, k, v = _setup(
+            shape, [prefix] * len(ext), ext, ForwardMode.EXTEND, contiguous=contiguous
+        )
         tri = _backend("triton", pool, rtt, fi, hq)
         pool.set_kv(0, fi.out_slots, k, v)
         k_buf, v_buf = pool.get_kv(0)
@@ -79,7 +90,7 @@ def probe(shape: str, bench, seed: int = 0, prompts: int = 16) -> list[dict]:
             "default",
             functools.partial(extend_attention, q, k_buf, v_buf, torch.empty_like(q), **common),
         )
-        ref = out if ref is None else ref
+        ref = out  # the contiguous tiles run on this (last) setup: compare with it
     for block_n, warps, stages in TILES:
         run = functools.partial(
             extend_attention_contiguous, q, k, v, k_buf, v_buf, torch.empty_like(q), **common,
@@ -95,16 +106,20 @@ def probe(shape: str, bench, seed: int = 0, prompts: int = 16) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="llama3-8b")
+    ap.add_argument("--prefix", type=int, default=0, help="cached prefix of every prompt")
+    ap.add_argument("--extend", type=int, default=0, help="new tokens of every prompt (0: 100-1,000)")
     ap.add_argument("--out")
     args = ap.parse_args()
     from triton.testing import do_bench
 
     rows = []
     for shape in args.shape.split(","):
-        rows += probe(shape, lambda f: do_bench(f, warmup=5, rep=30, return_mode="median"))
+        bench = lambda f: do_bench(f, warmup=5, rep=30, return_mode="median")  # noqa: E731
+        rows += probe(shape, bench, prefix=args.prefix, extend=args.extend)
     if args.out:
         with open(args.out, "w") as f:
-            cmd = "python3 -m benchmarks.gpu.extend_tma_probe --shape " + args.shape
+            cmd = f"python3 -m benchmarks.gpu.extend_tma_probe --shape {args.shape}"
+            cmd += f" --prefix {args.prefix} --extend {args.extend}" if args.prefix or args.extend else ""
             json.dump({"command": cmd, "rows": rows}, f, indent=1)
 
 
