@@ -8,8 +8,8 @@ prefix), one layer, CUDA, compute capability 9.0 or later:
 
 - ``pool``: ``extend_attention`` at its defaults over scattered slots;
 - ``pool-contig``: the same over slots in token order (what the gather's scatter costs);
-- ``contiguous``: ``extend_attention_contiguous`` at a few tile settings (keys a tile, warps,
-  stages; 64 queries a program).
+- ``contiguous``: ``extend_attention_contiguous`` at a few tile settings (queries / prefix keys /
+  new keys a tile, warps, stages).
 
 Outputs are compared with the pool kernel's on the same setup (the in-order slots).
 ``--prefix P --extend E``: every prompt has a cached prefix of P tokens and E new ones (a
@@ -32,16 +32,19 @@ import json
 
 import torch
 
+# (prefix keys a tile, new keys a tile, warps, stages); 64 queries a program. Without a prefix
+# the first number changes nothing.
 TILES = (
-    (64, 4, 3),
-    (64, 4, 2),
-    (32, 4, 3),
-    (32, 4, 2),
-    (32, 4, 4),
-    (16, 4, 3),
-    (64, 8, 3),
-    (32, 8, 3),
-)  # keys a tile, warps, stages
+    (64, 64, 4, 3),
+    (64, 64, 4, 2),
+    (64, 32, 4, 3),
+    (32, 32, 4, 3),
+    (64, 32, 4, 2),
+    (64, 32, 4, 4),
+    (64, 16, 4, 3),
+    (64, 64, 8, 3),
+    (64, 32, 8, 3),
+)
 
 
 def probe(
@@ -91,15 +94,18 @@ def probe(
             functools.partial(extend_attention, q, k_buf, v_buf, torch.empty_like(q), **common),
         )
         ref = out  # the contiguous tiles run on this (last) setup: compare with it
-    for block_n, warps, stages in TILES:
+    for block_p, block_n, warps, stages in TILES:
         run = functools.partial(
             extend_attention_contiguous, q, k, v, k_buf, v_buf, torch.empty_like(q), **common,
-            block_n=block_n, num_warps=warps, num_stages=stages,
+            block_n=block_n, block_prefix=block_p, num_warps=warps, num_stages=stages,
         )  # fmt: skip
         try:
-            record("contiguous", f"64/{block_n}/{warps}/{stages}", run)
+            record("contiguous", f"64/{block_p}/{block_n}/{warps}/{stages}", run)
         except Exception as exc:  # out of resources for this tile
-            print(f"skip {block_n}/{warps}/{stages}: {type(exc).__name__}: {str(exc)[:200]}", flush=True)
+            print(
+                f"skip {block_p}/{block_n}/{warps}/{stages}: {type(exc).__name__}: {str(exc)[:200]}",
+                flush=True,
+            )
     return rows
 
 

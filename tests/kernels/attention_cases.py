@@ -176,10 +176,16 @@ def compare_with_ref(
     return err
 
 
-def check_contiguous_extend_on_views(heads: Heads, *, device: str, seed: int) -> float:
+def check_contiguous_extend_on_views(
+    heads: Heads, *, device: str, seed: int, tiles: tuple[int, int] | None = None
+) -> float:
     """The contiguous extend kernel on q, k, v as the model hands them over: views into one fused
     qkv projection output (row stride (Hq + 2 Hk) * D), over cached prefixes and ragged new
-    tokens, float16. Returns the relative error against ``torch_ref``."""
+    tokens, float16. Returns the relative error against ``torch_ref``. ``tiles``: (prefix keys,
+    new keys) a tile, when not the kernel's defaults."""
+    import functools
+
+    from phloem.runtime.attention import triton as triton_backend
     from phloem.runtime.attention import triton_extend_contig
 
     b = make_batch(
@@ -198,10 +204,16 @@ def check_contiguous_extend_on_views(heads: Heads, *, device: str, seed: int) ->
     q.copy_(b.q), k.copy_(b.k), v.copy_(b.v)
     views = Batch(b.pool, b.rtt, b.fi, q, k, v)
     mode, triton_extend_contig.MODE = triton_extend_contig.MODE, "contiguous"
+    launch = triton_backend.extend_attention_contiguous
+    if tiles is not None:
+        triton_backend.extend_attention_contiguous = functools.partial(
+            launch, block_prefix=tiles[0], block_n=tiles[1]
+        )
     try:
         return compare_with_ref("triton", views, heads.q, extend_kernel="contiguous")
     finally:
         triton_extend_contig.MODE = mode
+        triton_backend.extend_attention_contiguous = launch
 
 
 def _check_decode_order_free(fast, batch: Batch, out: torch.Tensor) -> None:

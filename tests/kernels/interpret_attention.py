@@ -62,12 +62,15 @@ def main(fp8: bool = False) -> int:
                             print(f"FAIL {name}: {exc}")
     if not fp8:
         for heads_name, heads in SMALL_HEADS.items():
-            try:
-                err = check_contiguous_extend_on_views(heads, device="cpu", seed=11)
-                print(f"ok   contiguous extend on qkv views {heads_name} rel_err={err:.2e}")
-            except AssertionError as exc:
-                failures += 1
-                print(f"FAIL contiguous extend on qkv views {heads_name}: {exc}")
+            # the default tiles, and the prefix phase on tiles longer and shorter than the new keys'
+            for tiles in (None, (64, 32), (16, 64)):
+                name = f"contiguous extend on qkv views {heads_name} tiles {tiles or 'default'}"
+                try:
+                    err = check_contiguous_extend_on_views(heads, device="cpu", seed=11, tiles=tiles)
+                    print(f"ok   {name} rel_err={err:.2e}")
+                except AssertionError as exc:
+                    failures += 1
+                    print(f"FAIL {name}: {exc}")
     return 1 if failures else 0
 
 

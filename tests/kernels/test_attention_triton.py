@@ -57,7 +57,8 @@ def test_contiguous_extend_matches_torch_ref(batch: str, heads: str, dtype: str,
     for seed in (0, 1):
         b = make_batch(prefix_lens, extend_lens, mode, h, dtype=DTYPES[dtype], device="cuda", seed=seed)
         compare_with_ref("triton", b, h.q, extend_kernel="contiguous")
-    check_contiguous_extend_on_views(h, device="cuda", seed=5)
+    for tiles in (None, (64, 32), (16, 64)):  # prefix keys, new keys a tile
+        check_contiguous_extend_on_views(h, device="cuda", seed=5, tiles=tiles)
 
 
 @pytest.mark.parametrize("batch_size", [1, 3, 64, 200])
