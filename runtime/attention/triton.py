@@ -33,6 +33,7 @@ class TritonBackend(AttentionBackend):
 
     supports_cuda_graph = True
     _stored_layer = -1  # layer whose new K/V ``rotate`` already wrote (fused with RoPE)
+    _contig_layer = -1  # layer whose extend ``rotate`` left k rotated for the contiguous kernel
 
     def init_metadata(self, forward_input: ForwardInput) -> None:
         fi = forward_input
@@ -77,11 +78,13 @@ class TritonBackend(AttentionBackend):
         if not fusable:
             return super().rotate(q, k, v, cos_sin, layer, qk_norm)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
+        contig = self.mode == ForwardMode.EXTEND and contiguous_extend_ok(q, k, v, k_buf)
         rope_store_(
             q, k, v, *cos_sin, k_buf, v_buf, self.out_slots, qk_norm=qk_norm, k_scale=k_scale, v_scale=v_scale,
-            k_inplace=self.mode == ForwardMode.EXTEND and contiguous_extend_ok(q, k, v, k_buf),
+            k_inplace=contig,
         )  # fmt: skip
         self._stored_layer = layer
+        self._contig_layer = layer if contig else -1
         return q, k
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> None:
@@ -90,11 +93,14 @@ class TritonBackend(AttentionBackend):
         self._stored_layer = -1
 
     def forward_extend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        fused = self._stored_layer == layer
         self._store(k, v, layer)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)
-        if contiguous_extend_ok(q, k, v, k_buf):  # new keys read from k, v; the prefix from the pool
+        # a fused rotate already chose (and rotated k in place for it): the same answer, decided once
+        contig = self._contig_layer == layer if fused else contiguous_extend_ok(q, k, v, k_buf)
+        if contig:  # new keys read from k, v; the prefix from the pool
             return extend_attention_contiguous(
                 q, k, v, k_buf, v_buf, out,
                 req_to_token=self.req_to_token_pool.req_to_token,

@@ -115,3 +115,43 @@ def test_mode_from_the_environment(env: str | None, mode: str | None) -> None:
     else:
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == mode
+
+
+@pytest.mark.parametrize("contig_ok", [True, False], ids=["contiguous", "pool"])
+def test_fused_rotate_and_extend_take_one_decision_per_layer(monkeypatch, contig_ok: bool) -> None:
+    """A fused ``rotate`` rotates k in place exactly when the extend that follows reads the new
+    keys from k (else the contiguous kernel would read unrotated keys), and the routing check runs
+    once per layer, not once in each. Kernels are recorded, not run: this pins the host logic."""
+    from phloem.runtime.attention import triton as backend_mod
+    from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    calls: list[str] = []
+
+    def ok(*_args):
+        calls.append("check")
+        return contig_ok
+
+    monkeypatch.setattr(backend_mod, "use_fused", lambda _x: True)
+    monkeypatch.setattr(backend_mod, "contiguous_extend_ok", ok)
+    monkeypatch.setattr(
+        backend_mod, "rope_store_", lambda *a, k_inplace, **kw: calls.append(f"rope k_inplace={k_inplace}")
+    )
+    monkeypatch.setattr(
+        backend_mod, "extend_attention_contiguous", lambda *a, **kw: calls.append("contiguous") or a[5]
+    )
+    monkeypatch.setattr(backend_mod, "extend_attention", lambda *a, **kw: calls.append("pool") or a[3])
+
+    pool = KVPool(2, 16, 2, 64, torch.float16, "cpu")
+    backend = backend_mod.TritonBackend(pool, ReqToTokenPool(1, 16, "cpu"), num_heads=4)
+    backend.mode = ForwardMode.EXTEND
+    backend.out_slots = torch.arange(1, 11)
+    backend.req_pool_indices = backend.prefix_lens = backend.extend_lens = torch.zeros(1, dtype=torch.int64)
+    backend.q_start = backend.block_req = backend.block_m = torch.zeros(1, dtype=torch.int64)
+    q, k, v = _qkv()
+    cos_sin = (torch.ones(10, 1, 32), torch.zeros(10, 1, 32))
+    for layer in (0, 1):
+        q, k = backend.rotate(q, k, v, cos_sin, layer)
+        backend.forward_extend(q, k, v, layer)
+    kernel = "contiguous" if contig_ok else "pool"
+    assert calls == ["check", f"rope k_inplace={contig_ok}", kernel] * 2
