@@ -118,9 +118,11 @@ def main() -> None:
     args = ap.parse_args()
     from triton.testing import do_bench
 
+    def bench(f) -> float:
+        return do_bench(f, warmup=5, rep=30, return_mode="median")
+
     rows = []
     for shape in args.shape.split(","):
-        bench = lambda f: do_bench(f, warmup=5, rep=30, return_mode="median")  # noqa: E731
         rows += probe(shape, bench, prefix=args.prefix, extend=args.extend)
     if args.out:
         with open(args.out, "w") as f:

@@ -33,7 +33,7 @@ class TritonBackend(AttentionBackend):
 
     supports_cuda_graph = True
     _stored_layer = -1  # layer whose new K/V ``rotate`` already wrote (fused with RoPE)
-    _contig_layer = -1  # layer whose extend ``rotate`` left k rotated for the contiguous kernel
+    _contig = False  # whether that ``rotate`` also left k rotated in place, for the contiguous kernel
 
     def init_metadata(self, forward_input: ForwardInput) -> None:
         fi = forward_input
@@ -84,7 +84,7 @@ class TritonBackend(AttentionBackend):
             k_inplace=contig,
         )  # fmt: skip
         self._stored_layer = layer
-        self._contig_layer = layer if contig else -1
+        self._contig = contig
         return q, k
 
     def _store(self, k: torch.Tensor, v: torch.Tensor, layer: int) -> None:
@@ -99,7 +99,7 @@ class TritonBackend(AttentionBackend):
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)
         # a fused rotate already chose (and rotated k in place for it): the same answer, decided once
-        contig = self._contig_layer == layer if fused else contiguous_extend_ok(q, k, v, k_buf)
+        contig = self._contig if fused else contiguous_extend_ok(q, k, v, k_buf)
         if contig:  # new keys read from k, v; the prefix from the pool
             return extend_attention_contiguous(
                 q, k, v, k_buf, v_buf, out,
