@@ -307,7 +307,7 @@ class ModelRunner:
         last = (
             logits
             if plan.rows.numel() == host.batch_size and not plan.starts
-            else logits[plan.last.to(logits.device)]
+            else logits[to_device(plan.last, logits.device)]
         )
         dev.sampling.vocab_mask = _resolve_mask(dev.sampling.vocab_mask, self.device)
         next_ids = self.sampler(last, dev.sampling)  # [B]
@@ -323,7 +323,7 @@ class ModelRunner:
         """Float32 logits ``[B, V]`` of each request's last new token (no sampling); for tests."""
         plan = self._logit_rows(fi)
         dev = fi if self.device.type == "cpu" else fi.to(self.device)
-        return self._logits(dev, plan, self._graph_ok(fi, plan))[0][plan.last.to(self.device)]
+        return self._logits(dev, plan, self._graph_ok(fi, plan))[0][to_device(plan.last, self.device)]
 
     def _start_loads(self, loads: Sequence[KVLoad]) -> LayerReadiness | None:
         if not loads:
@@ -347,7 +347,9 @@ class ModelRunner:
         hidden = self.model(fi.input_ids, fi.positions, self.attn_backend)  # [T, H]
         if fi.mode == ForwardMode.DECODE and not plan.starts:
             return self._model_any.compute_logits(hidden), hidden  # one row per request already
-        return self._model_any.compute_logits(hidden[plan.rows.to(hidden.device)]), hidden
+        # the row index travels through pinned memory: a pageable copy would make CUDA drain the
+        # stream first, so the worker would launch the next pass only once this one had finished
+        return self._model_any.compute_logits(hidden[to_device(plan.rows, hidden.device)]), hidden
 
     def _graph_ok(self, fi: ForwardInput, plan: _LogitRows) -> bool:
         """Whether ``fi`` replays a captured decode graph (no hidden states or input logprobs)."""
