@@ -40,6 +40,34 @@ from phloem.runtime.scheduler.scheduler import Scheduler
 logger = logging.getLogger("phloem.scheduler")
 
 STATS_INTERVAL_S = 1.0
+ENV_LOOP_TRACE = "PHLOEM_LOOP_TRACE"
+
+
+class LoopTrace:
+    """One line per busy loop iteration, written to ``$PHLOEM_LOOP_TRACE`` (a diagnosis aid,
+    off by default): when it began (ms since the first), how long receiving took and how many
+    messages came, then the step's parts (``StepTimes``), all in ms. Idle polls are skipped."""
+
+    def __init__(self, path: str) -> None:
+        self._f = open(path, "w")  # noqa: SIM115 (open for the process's life)
+        self._f.write("t_ms recv_ms msgs kind rows schedule_ms launch_ms process_ms\n")
+        self._origin: float | None = None
+
+    @classmethod
+    def from_env(cls) -> LoopTrace | None:
+        path = os.environ.get(ENV_LOOP_TRACE)
+        return cls(path) if path else None
+
+    def add(self, t0: float, t1: float, t2: float, msgs: int, st: Any) -> None:
+        if not msgs and not st.kind and t2 - t1 < 1e-3:
+            return  # an idle poll
+        if self._origin is None:
+            self._origin = t0
+        self._f.write(
+            f"{(t0 - self._origin) * 1e3:.2f} {(t1 - t0) * 1e3:.2f} {msgs} {st.kind or '-'} {st.rows} "
+            f"{st.schedule * 1e3:.2f} {st.launch * 1e3:.2f} {st.process * 1e3:.2f}\n"
+        )
+        self._f.flush()  # the process may end by signal: keep every line written
 
 
 class SchedulerProcess:
@@ -53,6 +81,7 @@ class SchedulerProcess:
         self.running = True
         self._last_stats = 0.0
         self._idle_checked = True
+        self._received = 0  # messages handled by the last receive()
         self.handlers = {
             TokenizedGenerateReq: self._on_generate,
             AbortReq: self._on_abort,
@@ -64,10 +93,15 @@ class SchedulerProcess:
 
     # ------------------------------------------------------------------ loop
     def loop(self, parent_pid: int) -> None:
+        trace = LoopTrace.from_env()
         while self.running:
             idle = self.scheduler.is_idle
+            t0 = time.perf_counter()
             arrived = self.receive(block=idle)
+            t1 = time.perf_counter()
             busy = self.scheduler.step()
+            if trace is not None:
+                trace.add(t0, t1, time.perf_counter(), self._received, self.scheduler.last_step)
             if busy or arrived:
                 self._idle_checked = False
             elif idle and not self._idle_checked:
@@ -92,13 +126,13 @@ class SchedulerProcess:
     def receive(self, *, block: bool) -> bool:
         """Handle every waiting message (waiting up to 200 ms for one when ``block``); whether any came."""
         timeout = 200 if block else 0
-        arrived = False
+        self._received = 0
         while self.inp.poll(timeout):
             msg = self.codec_in.decode(self.inp.recv())
             self.handlers[type(msg)](msg)
             timeout = 0
-            arrived = True
-        return arrived
+            self._received += 1
+        return self._received > 0
 
     # ------------------------------------------------------------------ handlers
     def _on_generate(self, msg: TokenizedGenerateReq) -> None:

@@ -108,6 +108,7 @@ class Scheduler:
         self.stats = SchedulerCounters()
         self.pace = DecodePace()
         self.clock = time.perf_counter  # replaceable in tests
+        self.last_step = StepTimes("", 0, 0.0, 0.0, 0.0)
         self._decode_steps = 0
         self._last_log = time.monotonic()
         self._tokens_since_log = 0
@@ -152,16 +153,27 @@ class Scheduler:
         """One iteration after messages were received. Returns False when there was nothing to do."""
         if self.grammar is not None:
             self.waiting.extend(self.grammar.ready(self))
+        t0 = time.perf_counter()  # not self.clock: tests script that one
         batch = self.schedule()
         late_mask: Future[Any] | None = None
+        t1 = time.perf_counter()
         if batch is not None:
             mask, late_mask = self._grammar_mask(batch)
             self.inflight.append((batch, self.launch(batch, mask)))
+        t2 = time.perf_counter()
         # Without overlap: process what was just launched. With overlap: keep one step in flight,
         # except for a step whose requests may jump forward (that rewrites their KV tail).
         keep = 1 if (self.cfg.overlap and batch is not None and not self._may_jump(batch)) else 0
         while len(self.inflight) > keep:
             self._process_oldest()
+        # what this step spent where (the loop trace of the scheduler process reads it)
+        self.last_step = StepTimes(
+            batch.mode.name if batch is not None else "",
+            len(batch.reqs) if batch is not None else 0,
+            t1 - t0,
+            t2 - t1,
+            time.perf_counter() - t2,
+        )
         if late_mask is not None:
             # The step just launched needed tokens of the step just processed to know its mask;
             # its forward pass ran meanwhile and its sampler waits for this.
@@ -1072,6 +1084,19 @@ class Scheduler:
             len(self.waiting),
             extra,
         )
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Host seconds of one ``Scheduler.step``: choosing the batch, launching it (building its
+    inputs and handing them to the worker), and processing the oldest step in flight (waiting
+    for its tokens included)."""
+
+    kind: str  # the launched batch's mode ("" when nothing was launched)
+    rows: int
+    schedule: float
+    launch: float
+    process: float
 
 
 @dataclass
