@@ -204,9 +204,11 @@ def extend_attention_contiguous(
     (``ptxas`` for sm_90, Triton 3.9: 48 bytes at 32 keys, 632 at 64; 8 warps none) and are still
     the fastest. ``block_prefix``: keys a tile in the prefix phase (default ``block_n``). With
     2,048 cached tokens and 128 new a prompt, 64-key tiles in both phases beat 32 (Qwen3-0.6B
-    heads 0.139 against 0.190 ms; Llama-3-8B 0.259 against 0.280); 64 in the prefix phase with 32
-    for the new keys compiles (644 bytes of spills) but has not been timed, so it is not the
-    default.
+    heads 0.139 against 0.190 ms; Llama-3-8B 0.259 against 0.280). 64 in the prefix phase with 32
+    for the new keys is nearly as fast there (0.141, 0.260) but 21-22% slower than the default
+    without a prefix (0.114 against 0.094 ms, Qwen3-0.6B heads): its 644 bytes of spills slow the
+    new keys' loop too. So the default stays 32 and callers that know the prefix dominates may
+    pass 64.
     """
     t, num_q_heads, head_dim = q.shape
     if t == 0:
