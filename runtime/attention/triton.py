@@ -11,7 +11,11 @@ from typing import TYPE_CHECKING
 
 import torch
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
-from phloem.runtime.attention.triton_extend_contig import contiguous_extend_ok, extend_attention_contiguous
+from phloem.runtime.attention.triton_extend_contig import (
+    contiguous_extend_ok,
+    extend_attention_contiguous,
+    extend_tiles,
+)
 from phloem.runtime.attention.triton_kernels import (
     decode_attention,
     decode_scratch,
@@ -34,6 +38,7 @@ class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
     _stored_layer = -1  # layer whose new K/V ``rotate`` already wrote (fused with RoPE)
     _contig = False  # whether that ``rotate`` also left k rotated in place, for the contiguous kernel
+    key_pairs: tuple[int, int] | None = None  # the extend batch's (prefix, new) query-key pairs
 
     def init_metadata(self, forward_input: ForwardInput) -> None:
         fi = forward_input
@@ -47,6 +52,7 @@ class TritonBackend(AttentionBackend):
             self.prefix_lens, self.extend_lens = fi.prefix_lens, fi.extend_lens
             self.q_start = torch.cumsum(fi.extend_lens, 0) - fi.extend_lens  # [B] exclusive
             self.block_req, self.block_m = extend_block_table(fi.extend_lens, fi.num_tokens)
+            self.key_pairs = fi.host_key_pairs()
 
     def _init_decode_scratch(self, batch: int, device: torch.device) -> None:
         # Shared by every layer of this batch; each layer overwrites all of it.
@@ -101,12 +107,14 @@ class TritonBackend(AttentionBackend):
         # a fused rotate already chose (and rotated k in place for it): the same answer, decided once
         contig = self._contig if fused else contiguous_extend_ok(q, k, v, k_buf)
         if contig:  # new keys read from k, v; the prefix from the pool
+            block_n, block_prefix = extend_tiles(self.key_pairs)
             return extend_attention_contiguous(
                 q, k, v, k_buf, v_buf, out,
                 req_to_token=self.req_to_token_pool.req_to_token,
                 req_pool_indices=self.req_pool_indices,
                 prefix_lens=self.prefix_lens, extend_lens=self.extend_lens, q_start=self.q_start,
                 block_req=self.block_req, block_m=self.block_m, sm_scale=self.scale,
+                block_n=block_n, block_prefix=block_prefix,
             )  # fmt: skip
         return extend_attention(
             q, k_buf, v_buf, out,

@@ -37,7 +37,7 @@ try:  # Triton >= 3.3
 except ImportError:  # pragma: no cover - older Triton: the pool kernel serves every pass
     TensorDescriptor = None
 
-__all__ = ["MODE", "contiguous_extend_ok", "extend_attention_contiguous"]
+__all__ = ["MODE", "contiguous_extend_ok", "extend_attention_contiguous", "extend_tiles"]
 
 # "contiguous" (the default) runs this kernel where it applies; "pool" keeps the pool kernel for
 # every pass. Read at import; tests set the attribute.
@@ -45,6 +45,29 @@ MODE = os.environ.get("PHLOEM_EXTEND_KERNEL", "contiguous")
 if MODE not in ("pool", "contiguous"):  # a typo must not fall back to the pool kernel unnoticed
     raise ValueError(f"PHLOEM_EXTEND_KERNEL must be 'pool' or 'contiguous', got {MODE!r}")
 _LOG2E = 1.4426950408889634
+BLOCK_N = 32  # keys a tile in both phases by default (see extend_attention_contiguous)
+# Prefix-heavy passes take 64-key tiles in both phases (:func:`extend_tiles`), from this many
+# query-key pairs over cached prefixes per pair among the new tokens.
+WIDE_TILE = 64
+WIDE_TILE_MIN_RATIO = 4
+
+
+def extend_tiles(key_pairs: tuple[int, int] | None) -> tuple[int, int]:
+    """``(block_n, block_prefix)`` for a pass with ``key_pairs`` (``ForwardInput.key_pairs``:
+    query-key pairs over cached prefixes, pairs among the new tokens).
+
+    H200, one layer, 16 prompts (nineteenth and twentieth rounds), 64 / 64 against 32 / 32 keys
+    a tile: 2,048 cached + 128 new tokens a prompt (ratio 32) 0.259 against 0.279 ms with
+    Llama-3-8B heads, 0.139 against 0.190 with Qwen3-0.6B heads; 4,096 + 1,024 (ratio 8) 3.83
+    against 3.80 and 1.95 against 1.99; no prefix (ratio 0) 0.177 against 0.170 and 0.097
+    against 0.094. So the wide tiles from a ratio of 4: a radix hit on a long shared prompt takes
+    them, and so does a long prompt's k-th chunk from the fourth (ratio just under 2(k - 1));
+    fresh prompts keep 32. (64 for the prefix with 32 for the new keys was no better with a
+    prefix and 21-22% slower without one.)
+    """
+    if key_pairs is not None and key_pairs[0] >= WIDE_TILE_MIN_RATIO * max(key_pairs[1], 1):
+        return WIDE_TILE, WIDE_TILE
+    return BLOCK_N, BLOCK_N
 
 
 @triton.jit
@@ -187,7 +210,7 @@ def extend_attention_contiguous(
     block_req: torch.Tensor,
     block_m: torch.Tensor,
     sm_scale: float,
-    block_n: int = 32,
+    block_n: int = BLOCK_N,
     block_prefix: int | None = None,
     num_warps: int = 4,
     num_stages: int = 3,
@@ -202,13 +225,8 @@ def extend_attention_contiguous(
     32 keys a tile, 4 warps, 3 stages (Llama-3-8B heads: 0.170 ms; 64 keys 0.176 ms; 64 keys and
     2 stages 0.189 ms; 64 keys and 8 warps 0.390 ms). 4 warps spill a little at head dim 128
     (``ptxas`` for sm_90, Triton 3.9: 48 bytes at 32 keys, 632 at 64; 8 warps none) and are still
-    the fastest. ``block_prefix``: keys a tile in the prefix phase (default ``block_n``). With
-    2,048 cached tokens and 128 new a prompt, 64-key tiles in both phases beat 32 (Qwen3-0.6B
-    heads 0.139 against 0.190 ms; Llama-3-8B 0.259 against 0.280). 64 in the prefix phase with 32
-    for the new keys is nearly as fast there (0.141, 0.260) but 21-22% slower than the default
-    without a prefix (0.114 against 0.094 ms, Qwen3-0.6B heads): its 644 bytes of spills slow the
-    new keys' loop too. So the default stays 32 and callers that know the prefix dominates may
-    pass 64.
+    the fastest. ``block_prefix``: keys a tile in the prefix phase (default ``block_n``). The
+    Triton backend passes :func:`extend_tiles` of the batch: 64 / 64 for prefix-heavy passes.
     """
     t, num_q_heads, head_dim = q.shape
     if t == 0:

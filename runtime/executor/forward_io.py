@@ -101,6 +101,10 @@ class ForwardInput:
     # above describe step 0; ``step_slots[j]`` ([steps, B], host) are the slots step j writes.
     decode_steps: int = 1
     step_slots: torch.Tensor | None = None
+    # EXTEND: (query-key pairs over cached prefixes, pairs among the new tokens), counted from
+    # the host's lengths when the batch moves to the device (``to``), where they can no longer be
+    # read without waiting for the stream. The Triton backend picks its prefix tile from them.
+    key_pairs: tuple[int, int] | None = None
 
     @property
     def batch_size(self) -> int:
@@ -144,8 +148,24 @@ class ForwardInput:
             mode=self.mode, input_ids=ids, positions=pos, out_slots=slots,  # type: ignore[arg-type]
             req_pool_indices=rows, seq_lens=seq, prefix_lens=prefix, extend_lens=extend,  # type: ignore[arg-type]
             sampling=sampling, logprobs=lp, tree_parents=self.tree_parents,
-            return_hidden_states=self.return_hidden_states,
+            return_hidden_states=self.return_hidden_states, key_pairs=self.host_key_pairs(),
         )  # fmt: skip
+
+    def host_key_pairs(self) -> tuple[int, int] | None:
+        """:attr:`key_pairs` of an extend batch, from host lengths (``None`` when they are on the
+        device and were not counted before)."""
+        if self.key_pairs is not None or self.mode != ForwardMode.EXTEND:
+            return self.key_pairs
+        if self.prefix_lens.device.type != "cpu" or self.extend_lens.device.type != "cpu":
+            return None
+        return extend_key_pairs(self.prefix_lens, self.extend_lens)
+
+
+def extend_key_pairs(prefix_lens: torch.Tensor, extend_lens: torch.Tensor) -> tuple[int, int]:
+    """Causal attention's query-key pairs of an extend batch: new tokens over their cached prefix
+    (``sum p * e``), and new tokens over each other, themselves included (``sum e (e + 1) / 2``)."""
+    p, e = prefix_lens.to(torch.int64), extend_lens.to(torch.int64)
+    return int((p * e).sum()), int((e * (e + 1) // 2).sum())
 
 
 def decode_step_input(fi: ForwardInput, j: int, input_ids: torch.Tensor) -> ForwardInput:

@@ -182,9 +182,7 @@ def check_contiguous_extend_on_views(
     """The contiguous extend kernel on q, k, v as the model hands them over: views into one fused
     qkv projection output (row stride (Hq + 2 Hk) * D), over cached prefixes and ragged new
     tokens, float16. Returns the relative error against ``torch_ref``. ``tiles``: (prefix keys,
-    new keys) a tile, when not the kernel's defaults."""
-    import functools
-
+    new keys) a tile, in place of what ``extend_tiles`` picks for the batch."""
     from phloem.runtime.attention import triton as triton_backend
     from phloem.runtime.attention import triton_extend_contig
 
@@ -204,16 +202,14 @@ def check_contiguous_extend_on_views(
     q.copy_(b.q), k.copy_(b.k), v.copy_(b.v)
     views = Batch(b.pool, b.rtt, b.fi, q, k, v)
     mode, triton_extend_contig.MODE = triton_extend_contig.MODE, "contiguous"
-    launch = triton_backend.extend_attention_contiguous
+    pick = triton_backend.extend_tiles
     if tiles is not None:
-        triton_backend.extend_attention_contiguous = functools.partial(
-            launch, block_prefix=tiles[0], block_n=tiles[1]
-        )
+        triton_backend.extend_tiles = lambda _pairs: (tiles[1], tiles[0])  # (block_n, block_prefix)
     try:
         return compare_with_ref("triton", views, heads.q, extend_kernel="contiguous")
     finally:
         triton_extend_contig.MODE = mode
-        triton_backend.extend_attention_contiguous = launch
+        triton_backend.extend_tiles = pick
 
 
 def _check_decode_order_free(fast, batch: Batch, out: torch.Tensor) -> None:

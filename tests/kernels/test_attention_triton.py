@@ -57,7 +57,7 @@ def test_contiguous_extend_matches_torch_ref(batch: str, heads: str, dtype: str,
     for seed in (0, 1):
         b = make_batch(prefix_lens, extend_lens, mode, h, dtype=DTYPES[dtype], device="cuda", seed=seed)
         compare_with_ref("triton", b, h.q, extend_kernel="contiguous")
-    for tiles in (None, (64, 32), (16, 64)):  # prefix keys, new keys a tile
+    for tiles in (None, (64, 64), (16, 64)):  # prefix keys, new keys a tile
         check_contiguous_extend_on_views(h, device="cuda", seed=5, tiles=tiles)
 
 

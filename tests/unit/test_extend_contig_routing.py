@@ -155,3 +155,68 @@ def test_fused_rotate_and_extend_take_one_decision_per_layer(monkeypatch, contig
         backend.forward_extend(q, k, v, layer)
     kernel = "contiguous" if contig_ok else "pool"
     assert calls == ["check", f"rope k_inplace={contig_ok}", kernel] * 2
+
+
+@pytest.mark.parametrize(
+    ("pairs", "tiles"),
+    [
+        (None, (32, 32)),  # no host counts (a batch built on the device): the default
+        ((0, 11_046), (32, 32)),  # fresh prompts
+        ((8_192 * 8_192, 8_192 * 8_193 // 2), (32, 32)),  # a long prompt's second chunk: ratio 2
+        ((2 * 8_192 * 8_192, 8_192 * 8_193 // 2), (32, 32)),  # its third: just under 4 (the diagonal)
+        ((3 * 8_192 * 8_192, 8_192 * 8_193 // 2), (64, 64)),  # its fourth: ~6
+        ((4 * 8_256 - 1, 8_256), (32, 32)),
+        ((4 * 8_256, 8_256), (64, 64)),
+        ((16 * 2_048 * 128, 16 * 128 * 129 // 2), (64, 64)),  # 16 radix hits of 2,048 + 128: ratio 32
+    ],
+)
+def test_extend_tiles_widen_for_prefix_heavy_passes(pairs, tiles) -> None:
+    assert contig.extend_tiles(pairs) == tiles
+
+
+def test_key_pairs_counted_on_the_host_travel_with_the_batch() -> None:
+    from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, extend_key_pairs
+    from phloem.runtime.executor.model_runner import greedy_sampling_info
+
+    prefix, extend = torch.tensor([0, 40, 5, 67]), torch.tensor([9, 1, 70, 130])
+    # new tokens over their prefix, and over each other (causal, themselves included)
+    assert extend_key_pairs(prefix, extend) == (40 + 350 + 67 * 130, 45 + 1 + 2_485 + 8_515)
+
+    def batch(mode: ForwardMode, ext: torch.Tensor) -> ForwardInput:
+        z = torch.zeros(int(ext.sum()), dtype=torch.int64)
+        return ForwardInput(
+            mode=mode, input_ids=z, positions=z, out_slots=z, req_pool_indices=torch.arange(4),
+            seq_lens=prefix + ext, prefix_lens=prefix, extend_lens=ext, sampling=greedy_sampling_info(4),
+        )  # fmt: skip
+
+    fi = batch(ForwardMode.EXTEND, extend)
+    assert fi.host_key_pairs() == extend_key_pairs(prefix, extend)
+    assert fi.to("cpu").key_pairs == extend_key_pairs(prefix, extend)  # what the device copy keeps
+    assert batch(ForwardMode.DECODE, torch.ones(4, dtype=torch.int64)).to("cpu").key_pairs is None
+
+
+def test_the_backend_launches_the_tiles_of_its_batch(monkeypatch) -> None:
+    """``init_metadata`` keeps the host's pair counts; the extend launch gets their tiles."""
+    from phloem.runtime.attention import triton as backend_mod
+    from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    seen: list[tuple[int, int]] = []
+    monkeypatch.setattr(backend_mod, "contiguous_extend_ok", lambda *a: True)
+    monkeypatch.setattr(
+        backend_mod,
+        "extend_attention_contiguous",
+        lambda *a, block_n, block_prefix, **kw: seen.append((block_n, block_prefix)) or a[5],
+    )
+    backend = backend_mod.TritonBackend(
+        KVPool(1, 16, 2, 64, torch.float16, "cpu"), ReqToTokenPool(1, 16, "cpu"), num_heads=4
+    )
+    backend.mode = ForwardMode.EXTEND
+    backend.out_slots = torch.arange(1, 11)
+    backend.req_pool_indices = backend.prefix_lens = backend.extend_lens = torch.zeros(1, dtype=torch.int64)
+    backend.q_start = backend.block_req = backend.block_m = torch.zeros(1, dtype=torch.int64)
+    q, k, v = _qkv()
+    for pairs in ((0, 55), (2_048 * 10, 55)):
+        backend.key_pairs = pairs
+        backend.forward_extend(q, k, v, 0)
+    assert seen == [(32, 32), (64, 64)]
