@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,11 +223,24 @@ class ForwardOutput:
     next_token_ids: torch.Tensor  # [B] int64, device
     next_token_ids_cpu: torch.Tensor  # [B] int64, host (valid after copy_done)
     copy_done: torch.cuda.Event | None = None  # None on CPU: already valid
-    logprobs: list[TokenLogprobs] | None = None  # per request, when asked
+    # Builds the per-request logprobs (when asked) from host copies that are valid once
+    # ``copy_done`` fired: the forward only queues those copies, so it never waits for the GPU.
+    # Read them through :attr:`logprobs`.
+    logprobs_fn: Callable[[], list[TokenLogprobs]] | None = None
     hidden_states: torch.Tensor | None = None  # [T, H] for speculative drafting, when asked
     # A continuous decode batch: each step's output in order (this object's own fields are the
     # last step's, whose tokens the next batch reads).
     steps: list[ForwardOutput] | None = None
+    _logprobs: list[TokenLogprobs] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def logprobs(self) -> list[TokenLogprobs] | None:
+        """Per-request logprobs, when the batch asked for them (waits for ``copy_done``)."""
+        if self._logprobs is None and self.logprobs_fn is not None:
+            if self.copy_done is not None:
+                self.copy_done.synchronize()
+            self._logprobs, self.logprobs_fn = self.logprobs_fn(), None
+        return self._logprobs
 
     def synchronize(self) -> list[int]:
         if self.copy_done is not None:

@@ -23,6 +23,7 @@ the default model: ``docs/benchmarks.md`` ("fp8 KV cache").
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Callable, Sequence
@@ -58,6 +59,9 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _KV_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}  # besides "auto": the compute dtype
 _CPU_MAX_DEFAULT_TOKENS = 32768  # CPU pools stay modest unless max_total_tokens says otherwise
 _DEFAULT_MEM_FRACTION = {"cpu": 0.25, "cuda": 0.85}
+# Logprob rows up to this size reach the host through pinned memory without waiting for the pass
+# (a 256-request decode step of a 152k-token vocabulary is 156 MB; 64 rows of 128k, 33 MB).
+_PINNED_LOGPROB_BYTES = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -311,10 +315,14 @@ class ModelRunner:
         )
         dev.sampling.vocab_mask = _resolve_mask(dev.sampling.vocab_mask, self.device)
         next_ids = self.sampler(last, dev.sampling)  # [B]
-        out_lp = self._logprobs(host, plan, logits, next_ids) if host.logprobs is not None else None
+        # logprobs: their copy is queued before the tokens' event, which therefore covers both
+        logp = self._logprobs_to_host(logits) if host.logprobs is not None else None
         cpu_ids, event = to_host_async(next_ids)  # [B]; the scheduler waits on the event
+        build = None
+        if logp is not None:
+            build = functools.partial(self._logprobs, host, plan, logp, cpu_ids)
         return ForwardOutput(
-            next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs=out_lp,
+            next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs_fn=build,
             hidden_states=hidden if host.return_hidden_states else None,
         )  # fmt: skip
 
@@ -386,15 +394,30 @@ class ModelRunner:
         return _LogitRows(torch.tensor(rows), torch.tensor(last), starts if wants else [], first_new)
 
     # ---- logprobs -----------------------------------------------------------------------------
+    @staticmethod
+    def _logprobs_to_host(logits: torch.Tensor) -> torch.Tensor:
+        """``log_softmax`` of the raw logits (before any sampling transform), ``[N, V]`` float32,
+        queued for the host: on a GPU into pinned memory, valid once the forward's event fired.
+        A plain ``.cpu()`` here would make the worker wait for the pass."""
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        if logp.device.type == "cpu":
+            return logp
+        if logp.numel() * logp.element_size() > _PINNED_LOGPROB_BYTES:
+            # input logprobs over a long prompt: pinning that much host memory (kept by the
+            # caching host allocator) costs more than one wait for the pass
+            return logp.cpu()
+        host = torch.empty(logp.shape, dtype=logp.dtype, pin_memory=True)
+        return host.copy_(logp, non_blocking=True)
+
     def _logprobs(
-        self, fi: ForwardInput, plan: _LogitRows, logits: torch.Tensor, next_ids: torch.Tensor
+        self, fi: ForwardInput, plan: _LogitRows, logp: torch.Tensor, next_ids: torch.Tensor
     ) -> list[TokenLogprobs]:
-        """Per-request logprobs from ``log_softmax`` of the raw logits (before any sampling transform)."""
+        """Per-request logprobs from the host copies of ``log_softmax`` (:meth:`_logprobs_to_host`)
+        and of the sampled ids; run once the forward's event fired (``ForwardOutput.logprobs``)."""
         lp = fi.logprobs
         assert lp is not None
-        logp = torch.log_softmax(logits.float(), dim=-1).cpu()  # [N, V]
         last = plan.last if plan.starts or plan.rows.numel() != fi.batch_size else torch.arange(fi.batch_size)
-        sampled = next_ids.cpu().tolist()
+        sampled = next_ids.tolist()
         ids = fi.input_ids.tolist()
         offsets = [0, *torch.cumsum(fi.extend_lens, 0).tolist()]
         out = []

@@ -6,13 +6,14 @@ for the stream: a copy from pageable host memory (``cpu_tensor.to("cuda")``), ``
 would then be prepared while the GPU sat idle. PyTorch's sync debug mode turns every such wait
 inside a torch op into an error; each forward here runs once to warm up (first use compiles and
 allocates) and once under it, for prefill (extend) and decode, eager and replayed from a CUDA
-graph. (A batch that asks for logprobs does read them back inside the forward, by design.)
+graph, and with logprobs asked for (their copy is queued with the tokens' and read after).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from phloem.runtime.executor.forward_io import LogprobRequest
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
 from phloem.runtime.model_files import ModelSource
 
@@ -39,7 +40,10 @@ def _no_sync(runner: ModelRunner, batcher: DirectBatcher, new: dict[int, list[in
         out = runner.forward(fi)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    return out.synchronize()
+    tokens = out.synchronize()
+    if kw.get("logprobs") is not None:
+        assert out.logprobs is not None and len(out.logprobs) == len(tokens)
+    return tokens
 
 
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graphs"])
@@ -55,3 +59,15 @@ def test_forward_never_waits_for_the_gpu(graphs: bool) -> None:
         assert len(ids) == 2
         batcher.release(a)
         batcher.release(b)
+
+
+def test_forward_with_logprobs_never_waits_for_the_gpu() -> None:
+    runner = _runner(graphs=False)
+    batcher = DirectBatcher(runner)
+    for _ in range(2):
+        a = batcher.new_sequence()
+        want = LogprobRequest(torch.tensor([True]), [3], [[5, 7]], input_logprob_starts=[2])
+        first = _no_sync(runner, batcher, {a: list(range(3, 30))}, logprobs=want)
+        each = LogprobRequest(torch.tensor([True]), [3], [None])
+        _no_sync(runner, batcher, {a: first}, decode=True, logprobs=each)
+        batcher.release(a)
