@@ -19,6 +19,23 @@ def _qkv(t: int = 10, hq: int = 4, hk: int = 2, d: int = 64, dtype=torch.float16
     return q.view(t, hq, d), k.view(t, hk, d), v.view(t, hk, d)
 
 
+def _extend_backend(layers: int):
+    """A Triton backend on CPU buffers, in an extend pass of 10 new tokens (the metadata tensors
+    only need to exist: the kernels are stubbed)."""
+    from phloem.runtime.attention import triton as backend_mod
+    from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    backend = backend_mod.TritonBackend(
+        KVPool(layers, 16, 2, 64, torch.float16, "cpu"), ReqToTokenPool(1, 16, "cpu"), num_heads=4
+    )
+    backend.mode = ForwardMode.EXTEND
+    backend.out_slots = torch.arange(1, 11)
+    backend.req_pool_indices = backend.prefix_lens = backend.extend_lens = torch.zeros(1, dtype=torch.int64)
+    backend.q_start = backend.block_req = backend.block_m = torch.zeros(1, dtype=torch.int64)
+    return backend
+
+
 @pytest.fixture
 def contiguous_mode(monkeypatch):
     monkeypatch.setattr(contig, "MODE", "contiguous")
@@ -123,8 +140,6 @@ def test_fused_rotate_and_extend_take_one_decision_per_layer(monkeypatch, contig
     keys from k (else the contiguous kernel would read unrotated keys), and the routing check runs
     once per layer, not once in each. Kernels are recorded, not run: this pins the host logic."""
     from phloem.runtime.attention import triton as backend_mod
-    from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-    from phloem.runtime.executor.forward_io import ForwardMode
 
     calls: list[str] = []
 
@@ -142,12 +157,7 @@ def test_fused_rotate_and_extend_take_one_decision_per_layer(monkeypatch, contig
     )
     monkeypatch.setattr(backend_mod, "extend_attention", lambda *a, **kw: calls.append("pool") or a[3])
 
-    pool = KVPool(2, 16, 2, 64, torch.float16, "cpu")
-    backend = backend_mod.TritonBackend(pool, ReqToTokenPool(1, 16, "cpu"), num_heads=4)
-    backend.mode = ForwardMode.EXTEND
-    backend.out_slots = torch.arange(1, 11)
-    backend.req_pool_indices = backend.prefix_lens = backend.extend_lens = torch.zeros(1, dtype=torch.int64)
-    backend.q_start = backend.block_req = backend.block_m = torch.zeros(1, dtype=torch.int64)
+    backend = _extend_backend(layers=2)
     q, k, v = _qkv()
     cos_sin = (torch.ones(10, 1, 32), torch.zeros(10, 1, 32))
     for layer in (0, 1):
@@ -198,8 +208,6 @@ def test_key_pairs_counted_on_the_host_travel_with_the_batch() -> None:
 def test_the_backend_launches_the_tiles_of_its_batch(monkeypatch) -> None:
     """``init_metadata`` keeps the host's pair counts; the extend launch gets their tiles."""
     from phloem.runtime.attention import triton as backend_mod
-    from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-    from phloem.runtime.executor.forward_io import ForwardMode
 
     seen: list[tuple[int, int]] = []
     monkeypatch.setattr(backend_mod, "contiguous_extend_ok", lambda *a: True)
@@ -208,13 +216,7 @@ def test_the_backend_launches_the_tiles_of_its_batch(monkeypatch) -> None:
         "extend_attention_contiguous",
         lambda *a, block_n, block_prefix, **kw: seen.append((block_n, block_prefix)) or a[5],
     )
-    backend = backend_mod.TritonBackend(
-        KVPool(1, 16, 2, 64, torch.float16, "cpu"), ReqToTokenPool(1, 16, "cpu"), num_heads=4
-    )
-    backend.mode = ForwardMode.EXTEND
-    backend.out_slots = torch.arange(1, 11)
-    backend.req_pool_indices = backend.prefix_lens = backend.extend_lens = torch.zeros(1, dtype=torch.int64)
-    backend.q_start = backend.block_req = backend.block_m = torch.zeros(1, dtype=torch.int64)
+    backend = _extend_backend(layers=1)
     q, k, v = _qkv()
     for pairs in ((0, 55), (2_048 * 10, 55)):
         backend.key_pairs = pairs
