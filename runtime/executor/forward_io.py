@@ -104,7 +104,7 @@ class ForwardInput:
     step_slots: torch.Tensor | None = None
     # EXTEND: (query-key pairs over cached prefixes, pairs among the new tokens), counted from
     # the host's lengths when the batch moves to the device (``to``), where they can no longer be
-    # read without waiting for the stream. The Triton backend picks its prefix tile from them.
+    # read without waiting for the stream. The Triton backend picks its key tiles from them.
     key_pairs: tuple[int, int] | None = None
 
     @property

@@ -35,7 +35,7 @@ from phloem.runtime.messages import (
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker
 from phloem.runtime.scheduler.req import Req
-from phloem.runtime.scheduler.scheduler import Scheduler
+from phloem.runtime.scheduler.scheduler import Scheduler, StepTimes
 
 logger = logging.getLogger("phloem.scheduler")
 
@@ -58,7 +58,7 @@ class LoopTrace:
         path = os.environ.get(ENV_LOOP_TRACE)
         return cls(path) if path else None
 
-    def add(self, t0: float, t1: float, t2: float, msgs: int, st: Any) -> None:
+    def add(self, t0: float, t1: float, t2: float, msgs: int, st: StepTimes) -> None:
         if not msgs and not st.kind and t2 - t1 < 1e-3:
             return  # an idle poll
         if self._origin is None:
@@ -94,6 +94,7 @@ class SchedulerProcess:
     # ------------------------------------------------------------------ loop
     def loop(self, parent_pid: int) -> None:
         trace = LoopTrace.from_env()
+        self.scheduler.record_step_times = trace is not None
         while self.running:
             idle = self.scheduler.is_idle
             t0 = time.perf_counter()

@@ -109,6 +109,7 @@ class Scheduler:
         self.pace = DecodePace()
         self.clock = time.perf_counter  # replaceable in tests
         self.last_step = StepTimes("", 0, 0.0, 0.0, 0.0)
+        self.record_step_times = False  # fill last_step each step (the loop trace turns it on)
         self._decode_steps = 0
         self._last_log = time.monotonic()
         self._tokens_since_log = 0
@@ -166,14 +167,14 @@ class Scheduler:
         keep = 1 if (self.cfg.overlap and batch is not None and not self._may_jump(batch)) else 0
         while len(self.inflight) > keep:
             self._process_oldest()
-        # what this step spent where (the loop trace of the scheduler process reads it)
-        self.last_step = StepTimes(
-            batch.mode.name if batch is not None else "",
-            len(batch.reqs) if batch is not None else 0,
-            t1 - t0,
-            t2 - t1,
-            time.perf_counter() - t2,
-        )
+        if self.record_step_times:  # what this step spent where (the scheduler process's loop trace)
+            self.last_step = StepTimes(
+                batch.mode.name if batch is not None else "",
+                len(batch.reqs) if batch is not None else 0,
+                t1 - t0,
+                t2 - t1,
+                time.perf_counter() - t2,
+            )
         if late_mask is not None:
             # The step just launched needed tokens of the step just processed to know its mask;
             # its forward pass ran meanwhile and its sampler waits for this.

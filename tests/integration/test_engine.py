@@ -243,3 +243,21 @@ def test_warmup_before_ready_leaves_no_trace(engine):
         assert "warmup_requests" not in engine.get_server_info()  # off on the CPU by default
     finally:
         warm.shutdown()
+
+
+def test_loop_trace_records_the_engines_steps(tmp_path, monkeypatch):
+    """``PHLOEM_LOOP_TRACE``: the scheduler process (started after the variable is set) writes a
+    line per busy iteration: the prompt's prefill, then its decode steps, with host times."""
+    from phloem import Engine
+
+    path = tmp_path / "loop.txt"
+    monkeypatch.setenv("PHLOEM_LOOP_TRACE", str(path))
+    with Engine(log_level="warning", warmup="off") as eng:
+        out = eng.generate("The capital of France is", sampling_params=GREEDY)
+    assert out["meta_info"]["completion_tokens"] == 8
+    header, *rows = path.read_text().splitlines()
+    assert header.split()[:4] == ["t_ms", "recv_ms", "msgs", "kind"]
+    kinds = [r.split()[3] for r in rows]
+    assert "EXTEND" in kinds and kinds.count("DECODE") >= 7  # the first token comes from the prefill
+    first = rows[kinds.index("EXTEND")].split()
+    assert first[4] == "1" and all(float(x) >= 0 for x in first[5:])
