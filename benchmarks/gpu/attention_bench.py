@@ -293,6 +293,78 @@ def order_ab(shape: str, bs: int, context: int, bandwidth: float, decode_share: 
     return rows
 
 
+RAGGED_TILES = ((64, 2, 3), (128, 4, 3), (128, 4, 2), (64, 4, 3), (128, 2, 3))  # block_n, warps, stages
+RAGGED_SPLITS = (1, 2, 3, 4, 6)
+
+
+def offline_layout(ctx: list[int]) -> torch.Tensor:
+    """``req_to_token`` rows as the offline run leaves them: each prompt (the first half of its
+    keys, rounded up) in one run of slots, then the generated keys one slot per step across the
+    requests still going. Slots start at 1."""
+    width = max(ctx)
+    slots = torch.zeros(len(ctx), width, dtype=torch.int64)
+    nxt = 1
+    prompts = [c - c // 2 for c in ctx]
+    for r, p in enumerate(prompts):
+        slots[r, :p] = nxt + torch.arange(p)
+        nxt += p
+    for step in range(width):
+        for r, (c, p) in enumerate(zip(ctx, prompts)):
+            if p + step < c:
+                slots[r, p + step] = nxt
+                nxt += 1
+    return slots
+
+
+def sweep_ragged(shape: str, batches: list[int], bandwidth: float, reps: int = 3) -> list[dict]:
+    """The decode kernel's launch settings and split counts on the offline run's workload:
+    contexts uniform in [100, 2048] (seeded per batch size) in the offline slot layout. The
+    settings are interleaved and repeated ``reps`` times; ms is the median over repetitions."""
+    from phloem.runtime.attention.triton_kernels import decode_attention, decode_num_splits
+    from phloem.runtime.executor.forward_io import ForwardMode
+
+    hq, hk, d = SHAPES[shape]
+    rows = []
+    for bs in batches:
+        ctx = torch.randint(100, 2049, (bs,), generator=torch.Generator().manual_seed(bs)).tolist()
+        pool, rtt, fi, q, _, _ = _setup(shape, [c - 1 for c in ctx], [1] * bs, ForwardMode.DECODE)
+        rtt.req_to_token[:bs, : max(ctx)] = offline_layout(ctx).to(rtt.req_to_token)
+        k_buf, v_buf = pool.get_kv(0)
+        floor_ms = sum(ctx) * hk * d * 2 * 2 / bandwidth * 1e3
+        default = decode_num_splits(bs, hk, d)
+        cases = [(t, s) for t in RAGGED_TILES for s in sorted(set(RAGGED_SPLITS) | {default})]
+        times: dict = {c: [] for c in cases}
+        for _ in range(reps):
+            for (block_n, warps, stages), splits in cases:
+                part_o = torch.empty((bs, hq, splits, d), dtype=torch.float32, device="cuda")
+                part_lse = torch.empty((bs, hq, splits), dtype=torch.float32, device="cuda")
+                run = functools.partial(
+                    decode_attention, q, k_buf, v_buf, torch.empty_like(q), part_o, part_lse,
+                    req_to_token=rtt.req_to_token, req_pool_indices=fi.req_pool_indices,
+                    seq_lens=fi.seq_lens, sm_scale=d**-0.5, block_n=block_n, num_warps=warps,
+                    num_stages=stages,
+                )  # fmt: skip
+                times[((block_n, warps, stages), splits)].append(do_bench(run, warmup=10, rep=40))
+        case = []
+        for ((block_n, warps, stages), splits), ms in times.items():
+            med = sorted(ms)[len(ms) // 2]
+            case.append({"kind": "decode-ragged", "shape": shape, "batch": bs, "mean_context": round(sum(ctx) / bs),
+                         "block_n": block_n, "warps": warps, "stages": stages, "splits": splits,
+                         "default_splits": default, "ms": round(med, 4), "floor_ms": round(floor_ms, 4),
+                         "ratio": round(med / floor_ms, 3)})  # fmt: skip
+        now = next(
+            r for r in case if (r["block_n"], r["warps"], r["stages"], r["splits"]) == (64, 2, 3, default)
+        )
+        print(f"{shape} B={bs}: default x{now['ratio']} ({now['ms']} ms)", flush=True)
+        for r in sorted(case, key=lambda r: r["ms"])[:6]:
+            print(
+                f"  {r['block_n']}/{r['warps']}/{r['stages']} S={r['splits']}: {r['ms']} ms x{r['ratio']}",
+                flush=True,
+            )
+        rows += case
+    return rows
+
+
 EXTEND_GRID = ((64, 128), (32, 64, 128), (4, 8), (1, 2, 3))  # query block, key block, warps, stages
 
 
@@ -385,6 +457,8 @@ def main() -> int:
                     help="only time the decode kernel per number of key splits at these batch sizes")  # fmt: skip
     ap.add_argument("--order-ab", metavar="SHAPE:BATCH:CONTEXT",
                     help="only time the decode kernel's program orders against each other")  # fmt: skip
+    ap.add_argument("--ragged-sweep", metavar="SHAPE:B1,B2,...",
+                    help="only time the decode kernel's settings and splits on ragged offline-layout batches")  # fmt: skip
     ap.add_argument("--kv-dtype", default="bfloat16", choices=["bfloat16", "fp8_e4m3"],
                     help="pool dtype of --decode-sweep")  # fmt: skip
     ap.add_argument("--decode-grid", metavar="BLOCK_NS:WARPS:STAGES",
@@ -406,6 +480,10 @@ def main() -> int:
     if args.order_ab:
         shape, bs, ctx = args.order_ab.split(":")
         return _write_sweep(args.out, "--order-ab", order_ab(shape, int(bs), int(ctx), copy_bandwidth()))
+    if args.ragged_sweep:
+        shape, batches = args.ragged_sweep.split(":")
+        rows = sweep_ragged(shape, [int(b) for b in batches.split(",")], copy_bandwidth())
+        return _write_sweep(args.out, "--ragged-sweep", rows)
     if args.decode_sweep:
         shape, bs, ctx = args.decode_sweep.split(":")
         kv_dtype = torch.float8_e4m3fn if args.kv_dtype == "fp8_e4m3" else torch.bfloat16
