@@ -48,6 +48,8 @@ _MAX_SPLITS = 16
 _TARGET_PROGRAMS = 2 * 132  # two waves on an H100/H200 (132 SMs); fine elsewhere too
 _TARGET_PROGRAMS_WIDE = 1024  # head dim 128: programs per launch the split sweep favoured
 _MIN_SPLITS = 3
+_MIN_SPLITS_FULL = 2  # head dim 128, from _TARGET_PROGRAMS_WIDE (request, KV head) pairs
+_WIDE_TILE = (128, 4, 2)  # head dim 128, 16-bit K/V: keys a loop step, warps, stages
 # The decode split kernel's program order (see decode_attention); read once, at import.
 _HEADS_FIRST = os.environ.get("PHLOEM_DECODE_ORDER", "heads") != "requests"
 
@@ -349,11 +351,15 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int) -> int:
     batch) otherwise leaves SMs idle behind its longest requests. Measured on an H200
     (``attention_bench.py --split-sweep``), 96-256 requests of 100-2,048 keys read K/V at
     1.14-1.25x the copy floor with three splits against 1.19-1.48x with one; contexts of one length
-    lose up to 4%. Smaller heads keep the plain rule (not swept).
+    lose up to 4%. From 1,024 (request, KV head) pairs two splits suffice: the offline run's
+    layout at 208 and 256 requests (``attention_bench.py --ragged-sweep``) took 0.8-2.3% less
+    time with two than with three, and the same at 128. Smaller heads keep the plain rule (not
+    swept).
     """
     work = max(1, batch_size * num_kv_heads)
     if head_dim >= 128:
-        return max(_MIN_SPLITS, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS_WIDE, work)))
+        least = _MIN_SPLITS_FULL if work >= _TARGET_PROGRAMS_WIDE else _MIN_SPLITS
+        return max(least, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS_WIDE, work)))
     return max(1, min(_MAX_SPLITS, triton.cdiv(_TARGET_PROGRAMS, work)))
 
 
@@ -395,11 +401,13 @@ def decode_attention(
     ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` (float32) are scratch, with
     ``S`` from :func:`decode_num_splits`. ``k_scale``, ``v_scale``: as in :func:`extend_attention`.
     ``block_n``, ``num_warps``, ``num_stages``: tuning
-    knobs (keys per loop step, default 64, 32 for float32). For head dim 128 the default is 2
-    warps and 3 stages: within 1% of the best of 54 settings swept by ``attention_bench.py
-    --decode-sweep`` on an H200 at 168-180 requests of 866 keys (Qwen3-0.6B and Llama-3-8B
-    heads), and 14-17% faster than 8 warps and 2 stages. Smaller heads keep 4 warps and float32
-    8 warps, both with 2 stages.
+    knobs (keys per loop step, default 64, 32 for float32). For head dim 128 and 16-bit K/V the
+    default is 128 keys, 4 warps and 2 stages (``_WIDE_TILE``): on an H200, over the offline run's
+    ragged contexts (100-2,048 keys) in its slot layout, 64-256 requests of Llama-3-8B heads
+    (``attention_bench.py --ragged-sweep``), 0.9-2.9% faster than the former 64 keys, 2 warps and
+    3 stages at three splits; that setting had been within 1% of the best of 54 on contexts of
+    one length (168-180 requests of 866 keys), where the two are level. Smaller heads keep 4 warps
+    and float32 8 warps, both with 2 stages.
 
     An fp8 pool read by a bfloat16 query computes both dots in float16 (``f16_dot``, on by
     default there): e4m3 widens to float16 in one instruction per pair of values, and a bfloat16
@@ -422,7 +430,8 @@ def decode_attention(
     if f16_dot is None:
         f16_dot = fp8 and q.dtype == torch.bfloat16
     block_d = _block_d(head_dim)
-    block_n = block_n or (32 if fp32 else 128 if fp8 and block_d >= 128 else 64)
+    wide = block_d >= 128 and not fp32 and not fp8
+    block_n = block_n or (_WIDE_TILE[0] if wide else 32 if fp32 else 128 if fp8 and block_d >= 128 else 64)
     pdl = pdl_enabled(q.device)
     if heads_first is None:
         heads_first = _HEADS_FIRST
@@ -436,8 +445,10 @@ def decode_attention(
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32, PDL=pdl,
-        HEADS_FIRST=heads_first, num_warps=num_warps or (4 if block_d < 128 or fp8 else 8 if fp32 else 2),
-        num_stages=num_stages or (3 if block_d >= 128 and not fp32 else 2), **launch_kwargs(pdl),
+        HEADS_FIRST=heads_first,
+        num_warps=num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2),
+        num_stages=num_stages or (_WIDE_TILE[2] if wide else 3 if block_d >= 128 and not fp32 else 2),
+        **launch_kwargs(pdl),
     )  # fmt: skip
     _decode_merge_kernel[(batch, num_kv_heads)](
         part_o, part_lse, out, out.stride(0), out.stride(1),
