@@ -50,6 +50,7 @@ _TARGET_PROGRAMS_WIDE = 1024  # head dim 128: programs per launch the split swee
 _MIN_SPLITS = 3
 _MIN_SPLITS_FULL = 2  # head dim 128, from _TARGET_PROGRAMS_WIDE (request, KV head) pairs
 _WIDE_TILE = (128, 4, 2)  # head dim 128, 16-bit K/V: keys a loop step, warps, stages
+_WIDE_TILE_MIN_PAIRS = 512  # ... from this many (request, KV head) pairs (not measured better below)
 # The decode split kernel's program order (see decode_attention); read once, at import.
 _HEADS_FIRST = os.environ.get("PHLOEM_DECODE_ORDER", "heads") != "requests"
 
@@ -402,12 +403,14 @@ def decode_attention(
     ``S`` from :func:`decode_num_splits`. ``k_scale``, ``v_scale``: as in :func:`extend_attention`.
     ``block_n``, ``num_warps``, ``num_stages``: tuning
     knobs (keys per loop step, default 64, 32 for float32). For head dim 128 and 16-bit K/V the
-    default is 128 keys, 4 warps and 2 stages (``_WIDE_TILE``): on an H200, over the offline run's
-    ragged contexts (100-2,048 keys) in its slot layout, 64-256 requests of Llama-3-8B heads
-    (``attention_bench.py --ragged-sweep``), 0.9-2.9% faster than the former 64 keys, 2 warps and
-    3 stages at three splits; that setting had been within 1% of the best of 54 on contexts of
-    one length (168-180 requests of 866 keys), where the two are level. Smaller heads keep 4 warps
-    and float32 8 warps, both with 2 stages.
+    default from 512 (request, KV head) pairs is 128 keys, 4 warps and 2 stages (``_WIDE_TILE``):
+    on an H200, over the offline run's ragged contexts (100-2,048 keys) in its slot layout
+    (``attention_bench.py --ragged-sweep``), with its splits 2.3-3.2% faster than 64 keys, 2 warps
+    and 3 stages at 64-256 requests of Llama-3-8B heads, and 2.6-4.4% at 128-256 of Qwen3-0.6B
+    heads. That older setting, kept for fewer pairs (32 requests measured 4% slower with the new
+    one, in a noisy case), had been within 1% of the best of 54 on contexts of one length (168-180
+    requests of 866 keys), where the two are level. Smaller heads keep 4 warps and float32 8
+    warps, both with 2 stages.
 
     An fp8 pool read by a bfloat16 query computes both dots in float16 (``f16_dot``, on by
     default there): e4m3 widens to float16 in one instruction per pair of values, and a bfloat16
@@ -430,7 +433,7 @@ def decode_attention(
     if f16_dot is None:
         f16_dot = fp8 and q.dtype == torch.bfloat16
     block_d = _block_d(head_dim)
-    wide = block_d >= 128 and not fp32 and not fp8
+    wide = block_d >= 128 and not fp32 and not fp8 and batch * num_kv_heads >= _WIDE_TILE_MIN_PAIRS
     block_n = block_n or (_WIDE_TILE[0] if wide else 32 if fp32 else 128 if fp8 and block_d >= 128 else 64)
     pdl = pdl_enabled(q.device)
     if heads_first is None:

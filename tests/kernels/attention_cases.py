@@ -213,7 +213,8 @@ def check_contiguous_extend_on_views(
 
 
 def _check_decode_order_free(fast, batch: Batch, out: torch.Tensor) -> None:
-    """The decode kernel gives the same bits with its programs in either order (``heads_first``)."""
+    """The decode kernel gives the same bits with its programs in either order (``heads_first``),
+    and the backend's output to rounding with each of its default launch settings."""
     from phloem.runtime.attention.triton_kernels import decode_attention
 
     k_buf, v_buf = batch.pool.get_kv(0)
@@ -226,6 +227,16 @@ def _check_decode_order_free(fast, batch: Batch, out: torch.Tensor) -> None:
             heads_first=heads_first,
         )  # fmt: skip
         assert torch.equal(again, out), f"heads_first={heads_first} changed the decode output"
+    # every default launch setting, whatever the batch picks: 64 and 128 keys a loop step
+    for block_n, warps, stages in ((64, 2, 3), (128, 4, 2)):
+        other = decode_attention(
+            batch.q, k_buf, v_buf, torch.empty_like(batch.q), fast.part_o, fast.part_lse,
+            req_to_token=batch.rtt.req_to_token, req_pool_indices=fast.req_pool_indices,
+            seq_lens=fast.seq_lens, sm_scale=fast.scale, k_scale=k_scale, v_scale=v_scale,
+            block_n=block_n, num_warps=warps, num_stages=stages,
+        )  # fmt: skip
+        err = float((other.double() - out.double()).norm() / out.double().norm())
+        assert err < REL_TOL[out.dtype], f"{block_n} keys, {warps} warps, {stages} stages: {err:.2e} off"
 
 
 def _check_new_kv_landed(batch: Batch) -> None:

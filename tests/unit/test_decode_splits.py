@@ -35,3 +35,44 @@ def test_splits_never_grow_with_batch() -> None:
     for kv_heads, head_dim in ((8, 128), (3, 64), (2, 128)):
         seq = [decode_num_splits(b, kv_heads, head_dim) for b in range(1, 300)]
         assert all(a >= b for a, b in zip(seq, seq[1:]))
+
+
+class _Recorder:
+    """Stands in for a Triton kernel: ``kernel[grid](...)`` records the launch's settings."""
+
+    def __init__(self) -> None:
+        self.launches: list[dict] = []
+
+    def __getitem__(self, grid):
+        return lambda *args, **kw: self.launches.append({"grid": grid, **kw})
+
+
+@pytest.mark.parametrize(
+    ("batch", "dtype", "want"),
+    [
+        (64, "bfloat16", (128, 4, 2)),  # 512 (request, KV head) pairs: the wide tile
+        (208, "float16", (128, 4, 2)),
+        (63, "bfloat16", (64, 2, 3)),  # fewer pairs keep the older setting
+        (64, "float32", (32, 8, 2)),
+        (64, "fp8", (128, 4, 3)),
+    ],
+)
+def test_decode_launch_settings(monkeypatch, batch: int, dtype: str, want: tuple[int, int, int]) -> None:
+    import torch
+
+    split, merge = _Recorder(), _Recorder()
+    monkeypatch.setattr(triton_kernels, "_decode_split_kernel", split)
+    monkeypatch.setattr(triton_kernels, "_decode_merge_kernel", merge)
+    q_dtype = torch.bfloat16 if dtype == "fp8" else getattr(torch, dtype)
+    kv_dtype = torch.float8_e4m3fn if dtype == "fp8" else q_dtype
+    q = torch.zeros(batch, 32, 128, dtype=q_dtype)
+    kv = torch.zeros(16, 8, 128, dtype=kv_dtype)
+    part_o, part_lse = triton_kernels.decode_scratch(batch, 32, 8, 128, "cpu")
+    ints = torch.zeros(batch, dtype=torch.int64)
+    triton_kernels.decode_attention(
+        q, kv, kv, torch.empty_like(q), part_o, part_lse, req_to_token=torch.zeros(batch, 16, dtype=torch.int32),
+        req_pool_indices=ints, seq_lens=ints, sm_scale=1.0,
+    )  # fmt: skip
+    got = split.launches[0]
+    assert (got["BLOCK_N"], got["num_warps"], got["num_stages"]) == want
+    assert got["NUM_SPLITS"] == part_lse.shape[2] == merge.launches[0]["NUM_SPLITS"]
