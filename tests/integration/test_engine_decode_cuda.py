@@ -110,14 +110,14 @@ def test_gemm_library_reaches_the_model_runner(monkeypatch) -> None:
         assert all(len(o["output_ids"]) == GREEDY["max_new_tokens"] for o in outs)
 
 
-def _logprobs(monkeypatch, device: str = "cuda", **kw) -> list[dict]:
+def _logprobs(monkeypatch, **kw) -> list[dict]:
     """Greedy outputs of four prompts with the sampled tokens' logprobs and the top three, and
     the same prompts followed by their outputs, scored as input (prefill logprobs)."""
     monkeypatch.setenv("PHLOEM_PDL", "1")
     tok = os.environ.get("PHLOEM_TEST_TOKENIZER")
     model = {"load_format": "dummy", "tokenizer_path": tok} if tok else {}
     params = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
-    with Engine(device=device, dtype="bfloat16", log_level="warning", **model, **kw) as eng:
+    with Engine(device="cuda", dtype="bfloat16", log_level="warning", **model, **kw) as eng:
         prompts = [eng.tokenize(p) for p in BATCH[:4]]
         outs = eng.generate(
             input_ids=prompts, sampling_params=[dict(params) for _ in prompts], return_logprob=True,

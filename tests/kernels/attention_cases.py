@@ -160,7 +160,7 @@ def compare_with_ref(
         assert takes == extend_kernel, f"the backend would run the {takes} extend kernel, not {extend_kernel}"
     out = fast.forward(batch.q, batch.k, batch.v, 0)
     if backend_name == "triton" and batch.fi.mode == ForwardMode.DECODE:
-        _check_decode_order_free(fast, batch, out)
+        _check_decode_variants(fast, batch, out)
 
     ref_pool = _clone_pool(batch.pool, torch.float64)
     ref = get_attention_backend_class("torch_ref")(ref_pool, batch.rtt, num_heads=num_heads)
@@ -212,7 +212,7 @@ def check_contiguous_extend_on_views(
         triton_backend.extend_tiles = pick
 
 
-def _check_decode_order_free(fast, batch: Batch, out: torch.Tensor) -> None:
+def _check_decode_variants(fast, batch: Batch, out: torch.Tensor) -> None:
     """The decode kernel gives the same bits with its programs in either order (``heads_first``),
     and the backend's output to rounding with each of its default launch settings."""
     from phloem.runtime.attention.triton_kernels import decode_attention
