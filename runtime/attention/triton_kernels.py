@@ -352,10 +352,10 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int) -> int:
     batch) otherwise leaves SMs idle behind its longest requests. Measured on an H200
     (``attention_bench.py --split-sweep``), 96-256 requests of 100-2,048 keys read K/V at
     1.14-1.25x the copy floor with three splits against 1.19-1.48x with one; contexts of one length
-    lose up to 4%. From 1,024 (request, KV head) pairs two splits suffice: the offline run's
-    layout at 208 and 256 requests (``attention_bench.py --ragged-sweep``) took 0.8-2.3% less
-    time with two than with three, and the same at 128. Smaller heads keep the plain rule (not
-    swept).
+    lose up to 4%. From 1,024 (request, KV head) pairs two splits suffice: in the offline run's
+    layout (``attention_bench.py --ragged-sweep``), with the wide tile below, 208 and 256
+    requests took 0.9-2.3% less time with two than with three (Llama-3-8B heads; 0-1.5% with
+    Qwen3-0.6B heads), and the same at 128. Smaller heads keep the plain rule (not swept).
     """
     work = max(1, batch_size * num_kv_heads)
     if head_dim >= 128:
