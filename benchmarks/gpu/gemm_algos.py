@@ -186,7 +186,9 @@ class CublasLt:
                 copy = _Algo.from_buffer_copy(algo)
                 for attr, value in ((_CONFIG_SPLITK_NUM, s), (_CONFIG_REDUCTION_SCHEME, scheme)):
                     v = ctypes.c_uint32(value)
-                    self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(copy), attr, ctypes.addressof(v), 4)
+                    self.lib.cublasLtMatmulAlgoConfigSetAttribute(
+                        ctypes.byref(copy), attr, ctypes.addressof(v), 4
+                    )
                 out.append(copy)
         return out
 
@@ -306,8 +308,11 @@ def main() -> None:
     p.add_argument("--rows", default="64,128,160,208,240,256")
     p.add_argument("--candidates", type=int, default=16)
     p.add_argument("--reps", type=int, default=20)
-    p.add_argument("--wide", action="store_true",
-                   help="also the heuristic's picks for neighbouring row counts and split-K variants of each")
+    p.add_argument(
+        "--wide",
+        action="store_true",
+        help="also the heuristic's picks for neighbouring row counts and split-K variants of each",
+    )
     p.add_argument("--projections", default="qkv,o,gate_up,down")
     p.add_argument("--out", required=True)
     args = p.parse_args()
