@@ -27,6 +27,7 @@ import argparse
 import ctypes
 import json
 import math
+import os
 from typing import Any
 
 import torch
@@ -269,7 +270,6 @@ def probe(shape: str, rows: list[int], candidates: int, reps: int, wide: bool = 
                 )
             torch.backends.cuda.preferred_blas_library("cublas")
             plan, tagged = lt.candidates(m, n, k, candidates, wide)
-            algos = [h for _, h in tagged]
             times = []
             for i, (tag, algo) in enumerate(tagged):
                 got = lt.matmul(plan, algo, x, ws[0], outs[0]).float()
@@ -295,7 +295,7 @@ def probe(shape: str, rows: list[int], candidates: int, reps: int, wide: bool = 
             print(f"{shape} {name:8} M={m:4d}: cublas {row['torch_cublas_us']:6.1f}  cublaslt "
                   f"{row['torch_cublaslt_us']:6.1f}  first {row.get('first_us') or float('nan'):6.1f}  best "
                   f"{row.get('best_us', float('nan')):6.1f} ({row.get('best_tag')}, {len(timed)} of "
-                  f"{len(algos)} ran)  best/torch {row.get('best_over_torch')}", flush=True)  # fmt: skip
+                  f"{len(tagged)} ran)  best/torch {row.get('best_over_torch')}", flush=True)  # fmt: skip
             if partial:
                 with open(partial, "w") as f:
                     json.dump(out_rows, f)
@@ -321,6 +321,8 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"benchmark": "gemm_algos", "shape": args.shape, "reps": args.reps, "wide": args.wide,
                    "results": results}, f, indent=1)  # fmt: skip
+    if os.path.exists(args.out + ".partial"):
+        os.remove(args.out + ".partial")  # the complete file supersedes it
 
 
 if __name__ == "__main__":
