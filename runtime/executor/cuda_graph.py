@@ -26,7 +26,7 @@ from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
 if TYPE_CHECKING:
     from phloem.runtime.attention.base import AttentionBackend
 
-__all__ = ["CudaGraphRunner", "capture_batch_sizes", "capture_graphs"]
+__all__ = ["CudaGraphRunner", "capture_batch_sizes", "capture_graphs", "stage_step_rows"]
 
 logger = logging.getLogger(__name__)
 
@@ -106,6 +106,7 @@ class CudaGraphRunner:
         self._rows = torch.from_numpy(np.repeat(_PADDING_ROW, n, axis=1)).to(self.device)
         self.positions, self.out_slots, self.req_pool_indices, self.seq_lens = self._rows.unbind()
         self._staging = _PinnedRing(tuple(self._rows.shape))
+        self._steps: dict[int, tuple[_PinnedRing, torch.Tensor]] = {}  # see _step_buffers
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self.pool: Any = None  # the graphs' shared memory pool handle, set by the first capture
@@ -181,6 +182,46 @@ class CudaGraphRunner:
         self.graphs[padded].replay()
         return self.logits[padded][:bs]
 
+    def replay_steps(self, fi: ForwardInput, sample: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Tokens ``[K, B]`` (on the device) of continuous decode batch ``fi`` (``decode_steps = K``,
+        per-row tensors on the host): ``K`` replays of one graph back to back, each step's
+        ``sample(logits [B, V]) -> [B]`` copied into the next replay's input ids on the device.
+
+        Every step's positions, slots, rows and lengths reach the device in one staged copy, and
+        a step then costs the host four launches (its rows into the graph's inputs, the replay,
+        the sampler, the ids). A forward pass per step cost the worker ~0.45 ms of CPU at batch 1,
+        more than a small model's step takes on the GPU, so the host set the pace there."""
+        steps, bs = fi.decode_steps, fi.batch_size
+        padded = next(s for s in self.batch_sizes if s >= bs)
+        ring, rows = self._step_buffers(steps)
+        k, block = ring.take()
+        stage_step_rows(block, fi, padded)
+        rows.copy_(ring.bufs[k], non_blocking=True)
+        ring.record(k)
+        self.input_ids[:bs].copy_(fi.input_ids, non_blocking=True)
+        graph, logits = self.graphs[padded], self.logits[padded][:bs]
+        tokens: list[torch.Tensor] = []
+        for j in range(steps):
+            self._rows.copy_(rows[j], non_blocking=True)
+            graph.replay()
+            ids = sample(logits)
+            if j + 1 < steps:
+                self.input_ids[:bs].copy_(ids, non_blocking=True)
+            tokens.append(ids)
+        return torch.stack(tokens)
+
+    def _step_buffers(self, steps: int) -> tuple[_PinnedRing, torch.Tensor]:
+        """The pinned ring and the device block ``[steps, 4, max_bs]`` of ``steps``-step batches
+        (made on first use: one pair per step count the scheduler asks for, a few KiB each)."""
+        pair = self._steps.get(steps)
+        if pair is None:
+            shape = (steps, *self._rows.shape)
+            pair = self._steps[steps] = (
+                _PinnedRing(shape),
+                torch.empty(shape, dtype=torch.int64, device=self.device),
+            )
+        return pair
+
     def _stage_rows(self, fi: ForwardInput, bs: int, padded: int) -> None:
         """Positions, output slots, request rows and lengths of host batch ``fi`` (padding rows
         after them) into the next pinned block, then one copy of the block to the graph inputs."""
@@ -197,6 +238,22 @@ class CudaGraphRunner:
 
 # Padding row of the staged block: position 0, the padding slot, request row 0, one key.
 _PADDING_ROW = np.array([[0], [PADDING_SLOT], [0], [1]], dtype=np.int64)
+
+
+def stage_step_rows(block: np.ndarray, fi: ForwardInput, padded: int) -> None:
+    """The graph inputs of every step of continuous decode batch ``fi`` (host tensors) into
+    ``block`` ``[K, 4, >= padded]``: step ``j`` reads position and length ``+ j`` and writes
+    ``step_slots[j]``, as :func:`~phloem.runtime.executor.forward_io.decode_step_input` gives it;
+    columns ``bs:padded`` are padding rows."""
+    assert fi.step_slots is not None
+    steps, bs = fi.decode_steps, fi.batch_size
+    j = np.arange(steps, dtype=np.int64)[:, None]
+    block[:, 0, :bs] = fi.positions.numpy()[None, :] + j
+    block[:, 1, :bs] = fi.step_slots.numpy()
+    block[:, 2, :bs] = fi.req_pool_indices.numpy()[None, :]
+    block[:, 3, :bs] = fi.seq_lens.numpy()[None, :] + j
+    if padded > bs:
+        block[:, :, bs:padded] = _PADDING_ROW[None]
 
 
 class _PinnedRing:

@@ -223,7 +223,9 @@ class ModelRunner:
         cfg = self.model_config
         per_token = KVPool.bytes_per_token_for(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
         fraction = mem_fraction if mem_fraction is not None else _DEFAULT_MEM_FRACTION[self.device.type]
-        budget = kv_budget_bytes(_device_memory(self.device), _free_memory(self.device), fraction, self.weight_bytes)
+        budget = kv_budget_bytes(
+            _device_memory(self.device), _free_memory(self.device), fraction, self.weight_bytes
+        )
         tokens = int(budget // per_token)
         if self.device.type == "cpu":
             tokens = min(tokens, _CPU_MAX_DEFAULT_TOKENS)
@@ -325,6 +327,41 @@ class ModelRunner:
             next_token_ids=next_ids, next_token_ids_cpu=cpu_ids, copy_done=event, logprobs_fn=build,
             hidden_states=hidden if host.return_hidden_states else None,
         )  # fmt: skip
+
+    @torch.inference_mode()
+    def forward_steps(self, fi: ForwardInput) -> ForwardOutput | None:
+        """Continuous decode batch ``fi`` (``decode_steps > 1``, host tensors) as graph replays
+        back to back (:meth:`CudaGraphRunner.replay_steps`), its ``K x B`` tokens read back in one
+        copy; ``None`` when the batch has no graph or asks for more than tokens (logprobs, hidden
+        states), and the caller runs its steps one :meth:`forward` at a time. The sampler sees
+        each step's logits as :meth:`forward` would give them: the scheduler sends such a batch
+        only when no row's sampling changes between its steps (``policy.decodes_ahead``)."""
+        graphs = self.cuda_graphs
+        if (
+            graphs is None
+            or fi.decode_steps < 2
+            or fi.step_slots is None
+            or not fi.positions.is_cpu
+            or fi.logprobs is not None
+            or fi.return_hidden_states
+            or not graphs.can_run(fi)
+        ):
+            return None
+        sampling = fi.with_sampling_on(self.device).sampling
+        sampling.vocab_mask = _resolve_mask(sampling.vocab_mask, self.device)
+        sampler = self.sampler
+        step_sampler = getattr(sampler, "step_sampler", None)  # Sampler's; a plain callable has none
+        sample = step_sampler(sampling) if step_sampler is not None else lambda x: sampler(x, sampling)
+        tokens = graphs.replay_steps(fi, sample)  # [K, B]
+        cpu, event = to_host_async(tokens)
+        cpu = cpu.view(tokens.shape)
+        steps = [
+            ForwardOutput(next_token_ids=tokens[j], next_token_ids_cpu=cpu[j], copy_done=event)
+            for j in range(fi.decode_steps)
+        ]
+        return ForwardOutput(
+            next_token_ids=tokens[-1], next_token_ids_cpu=cpu[-1], copy_done=event, steps=steps
+        )
 
     @torch.inference_mode()
     def forward_logits(self, fi: ForwardInput) -> torch.Tensor:

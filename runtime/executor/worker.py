@@ -15,7 +15,9 @@ thread slows the model more than it hides (``scheduler.builder.use_overlap``).
 Continuous decode (``--num-continuous-decode-steps``): a decode ``ForwardInput`` with
 ``decode_steps = K`` runs as ``K`` forward passes in a row (``_run_steps``), each reading the tokens
 the pass before it sampled, still on the device; only the last step's tokens go to the future map
-(the next batch reads nothing earlier), and the output carries every step's tokens.
+(the next batch reads nothing earlier), and the output carries every step's tokens. When the
+batch has a decode graph, the runner replays it ``K`` times instead (``forward_steps``), with no
+Python between steps beyond their launches.
 
 Host-tier KV loads (CUDA): the hierarchical cache stages them on the runner's ``kv_loader`` while
 the scheduler admits requests; ``submit`` takes every load staged since the previous ``submit`` and
@@ -116,6 +118,11 @@ class InlineWorker:
         """A continuous decode batch: its steps back to back, each step's sampled tokens (still on
         the device) the next step's input; the host reads none of them in between. Sampling
         tensors move to the device once for all steps."""
+        by_graph = getattr(self.runner, "forward_steps", None)
+        if by_graph is not None and not loads:
+            out = by_graph(fi)  # graph replays back to back, or None: no graph for this batch
+            if out is not None:
+                return out
         device = getattr(self.runner, "device", None)
         if device is not None and torch.device(device).type != "cpu":
             fi = fi.with_sampling_on(device)

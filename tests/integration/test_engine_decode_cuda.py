@@ -8,9 +8,9 @@ must be identical, token for token:
 - batch 1 with and without CUDA graphs (eager decode runs the same kernels at the same size);
 - batches of 1 and 6 with PDL on and off (the same graphs; a missing wait would read stale
   activations and change tokens);
-- continuous decode (several steps per launch, each step's tokens fed to the next on the device),
-  at a fixed count and at the default (auto: as many steps as fit the budget at the measured step
-  time).
+- continuous decode (several steps per launch, replays of one graph, each step's tokens fed to
+  the next on the device), at a fixed count and at the default (auto: as many steps as fit the
+  budget at the measured step time), greedy and sampled.
 
 ``--gemm-library cublaslt`` may pick other kernels, so only its plumbing and output lengths are
 checked.
@@ -90,6 +90,26 @@ def test_default_auto_continuous_decode_changes_no_token(graphs_pdl, monkeypatch
     assert batch == graphs_pdl[1]
     assert live["continuous_decode_steps_total"] > 0
     assert 0 < live["decode_step_ms"] < 8
+
+
+def test_sampled_tokens_equal_with_replayed_steps(monkeypatch) -> None:
+    """Unseeded sampled rows (temperature, top-k, top-p) in continuous decode, whose steps replay
+    one graph back to back (``ModelRunner.forward_steps``): the sampler draws from its generator
+    once a step, as with one step per launch, so one request gives the same tokens either way
+    (the sampler restarts its generator after the start-up warm-up)."""
+    monkeypatch.setenv("PHLOEM_PDL", "1")
+    tok = os.environ.get("PHLOEM_TEST_TOKENIZER")
+    model = {"load_format": "dummy", "tokenizer_path": tok} if tok else {}
+    params = {"max_new_tokens": 40, "temperature": 0.8, "top_k": 50, "top_p": 0.95, "ignore_eos": True}
+    ids, steps = [], []
+    for k in (1, 8):
+        with Engine(
+            device="cuda", dtype="bfloat16", log_level="warning", num_continuous_decode_steps=k, **model
+        ) as eng:
+            ids.append(eng.generate(BATCH[0], sampling_params=dict(params))["output_ids"])
+            steps.append(eng.get_server_info()["live"]["continuous_decode_steps_total"])
+    assert ids[0] == ids[1] and len(ids[0]) == params["max_new_tokens"]
+    assert steps[0] == 0 and steps[1] > 0
 
 
 def test_gemm_library_reaches_the_model_runner(monkeypatch) -> None:

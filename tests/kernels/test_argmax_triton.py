@@ -47,6 +47,10 @@ def test_greedy_sampler_routes_by_vocabulary_and_matches_torch(vocab: int, monke
     assert dev_info.is_greedy_all
     assert torch.equal(Sampler()(logits, dev_info), logits.argmax(dim=-1))
     assert len(calls) == (1 if vocab >= TRITON_ARGMAX_MIN_VOCAB else 0)
+    # continuous decode's replayed steps take the Triton argmax for every vocabulary
+    calls.clear()
+    assert torch.equal(Sampler().step_sampler(dev_info)(logits), logits.argmax(dim=-1))
+    assert len(calls) == 1
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")

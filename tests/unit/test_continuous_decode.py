@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
@@ -203,3 +204,31 @@ def test_a_logged_launch_names_its_step_count(caplog):
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("Decode batch")]
     assert launched == [4, 4, 4] and len(lines) == 3
     assert all(line.endswith(", #steps: 4") for line in lines)
+
+
+def test_staged_step_rows_are_what_each_step_reads():
+    """The one staged block of a graph-replayed batch (``stage_step_rows``) holds, for every
+    step, the positions, slots, rows and lengths that ``decode_step_input`` gives that step, and
+    padding rows (padding slot, one key) after the batch."""
+    from phloem.runtime.cache.kv_pool import PADDING_SLOT
+    from phloem.runtime.executor.cuda_graph import stage_step_rows
+    from phloem.runtime.executor.forward_io import ForwardInput, decode_step_input
+    from phloem.runtime.executor.model_runner import greedy_sampling_info
+
+    steps, bs, padded = 3, 2, 4
+    kv = torch.tensor([5, 9])
+    fi = ForwardInput(
+        mode=ForwardMode.DECODE, input_ids=torch.tensor([7, 8]), positions=kv.clone(),
+        out_slots=torch.tensor([40, 50]), req_pool_indices=torch.tensor([2, 0]), seq_lens=kv + 1,
+        prefix_lens=kv.clone(), extend_lens=torch.ones(bs, dtype=torch.int64),
+        sampling=greedy_sampling_info(bs), decode_steps=steps,
+        step_slots=torch.tensor([[40, 50], [41, 51], [42, 52]]),
+    )  # fmt: skip
+    block = np.full((steps, 4, 6), -7, dtype=np.int64)
+    stage_step_rows(block, fi, padded)
+    for j in range(steps):
+        step = decode_step_input(fi, j, fi.input_ids)
+        want = [step.positions, step.out_slots, step.req_pool_indices, step.seq_lens]
+        assert block[j, :, :bs].tolist() == [t.tolist() for t in want]
+        assert block[j, :, bs:padded].T.tolist() == [[0, PADDING_SLOT, 0, 1]] * (padded - bs)
+    assert (block[:, :, padded:] == -7).all()  # columns past the padded batch untouched

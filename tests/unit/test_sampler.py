@@ -66,6 +66,26 @@ def test_greedy_rows_in_a_sampled_batch():
     assert torch.equal(out[0::2], logits[0::2].argmax(-1))
 
 
+def test_step_sampler_takes_the_argmax_only_for_plain_greedy_rows():
+    """Continuous decode's per-step sampler: the bare argmax where nothing but the argmax applies,
+    the full sampler otherwise (a bias, a ban or a sampled row), with the same draws as a call."""
+    logits = torch.randn(4, V)
+    plain = info_for([SamplingParams(temperature=0)] * 4)
+    assert sampler_mod.plain_greedy(plain)
+    assert torch.equal(Sampler().step_sampler(plain)(logits), logits.argmax(-1))
+    biased = info_for([SamplingParams(temperature=0, logit_bias={3: 100.0})] * 4)
+    banned = info_for(
+        [SamplingParams(temperature=0, min_new_tokens=2)] * 4, eos=[int(i) for i in logits.argmax(-1)]
+    )
+    for info in (biased, banned):
+        assert info.is_greedy_all and not sampler_mod.plain_greedy(info)
+        assert torch.equal(Sampler().step_sampler(info)(logits), Sampler()(logits, info))
+    assert (Sampler().step_sampler(biased)(logits) == 3).all()
+    sampled = info_for([SamplingParams(temperature=0.9)] * 4)
+    assert not sampler_mod.plain_greedy(sampled)
+    assert torch.equal(Sampler(7).step_sampler(sampled)(logits), Sampler(7)(logits, sampled))
+
+
 def test_input_logits_not_modified():
     logits = torch.randn(3, V)
     before = logits.clone()
