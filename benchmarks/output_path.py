@@ -194,7 +194,7 @@ def stage_costs(tokenizer: Any, *, batch: int, tokens: int, stream: bool) -> dic
 
 
 class _NullSocket:
-    def send(self, data: bytes, flags: int = 0) -> None:
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
         pass
 
 
@@ -240,18 +240,19 @@ def fake_scheduler_process(ipc: Any, parent_pid: int, step_s: float, stats_path:
     while True:
         timeout = 0 if running else 200
         while inp.poll(timeout):
-            msg = codec_in.decode(inp.recv())
             timeout = 0
-            if isinstance(msg, ShutdownReq):
-                to_detok.send(codec_detok.encode(ShutdownReq()))
-                with open(stats_path, "w") as f:
-                    json.dump({"send_s": sends}, f)
-                return
-            if isinstance(msg, TokenizedGenerateReq):
-                max_new = SamplingParams.from_wire(msg.sampling).max_new_tokens
-                req = make_req(msg.rid, stream=msg.stream, max_new=max_new)
-                running.append((req, token_stream(tokenizer, max_new, 7 * n_reqs)))
-                n_reqs += 1
+            for frame in inp.recv_multipart():  # the requests of one turn of the manager's loop
+                msg = codec_in.decode(frame)
+                if isinstance(msg, ShutdownReq):
+                    to_detok.send(codec_detok.encode(ShutdownReq()))
+                    with open(stats_path, "w") as f:
+                        json.dump({"send_s": sends}, f)
+                    return
+                if isinstance(msg, TokenizedGenerateReq):
+                    max_new = SamplingParams.from_wire(msg.sampling).max_new_tokens
+                    req = make_req(msg.rid, stream=msg.stream, max_new=max_new)
+                    running.append((req, token_stream(tokenizer, max_new, 7 * n_reqs)))
+                    n_reqs += 1
         if not running:
             if os.getppid() != parent_pid:
                 return

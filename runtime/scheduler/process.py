@@ -125,14 +125,17 @@ class SchedulerProcess:
                     return
 
     def receive(self, *, block: bool) -> bool:
-        """Handle every waiting message (waiting up to 200 ms for one when ``block``); whether any came."""
+        """Handle every waiting message (waiting up to 200 ms for one when ``block``); whether any
+        came. A message's frames are messages sent together (the tokenizer manager's requests of
+        one event-loop turn), handled in order."""
         timeout = 200 if block else 0
         self._received = 0
         while self.inp.poll(timeout):
-            msg = self.codec_in.decode(self.inp.recv())
-            self.handlers[type(msg)](msg)
+            for frame in self.inp.recv_multipart():
+                msg = self.codec_in.decode(frame)
+                self.handlers[type(msg)](msg)
+                self._received += 1
             timeout = 0
-            self._received += 1
         return self._received > 0
 
     # ------------------------------------------------------------------ handlers
@@ -142,7 +145,9 @@ class SchedulerProcess:
             rid=msg.rid,
             origin_input_ids=list(msg.input_ids),
             params=params,
-            stop_checker=StopChecker(params, eos_token_ids=self.rt.eos_token_ids, tokenizer=self.rt.tokenizer),
+            stop_checker=StopChecker(
+                params, eos_token_ids=self.rt.eos_token_ids, tokenizer=self.rt.tokenizer
+            ),
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
@@ -154,7 +159,9 @@ class SchedulerProcess:
         self.scheduler.add_request(req)
 
     def _on_abort(self, msg: AbortReq) -> None:
-        self.scheduler.abort(msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code)
+        self.scheduler.abort(
+            msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code
+        )
 
     def _on_flush(self, msg: FlushCacheReq) -> None:
         ok = self.scheduler.flush_cache()
@@ -208,6 +215,7 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
 
         to_detok = push_socket(ctx, ipc.detokenizer)
         codec_detok = Codec(ToDetokenizer)
+
         def send_detok(m: Any) -> None:
             to_detok.send(codec_detok.encode(m))
 

@@ -73,7 +73,9 @@ _LOGPROB_KEYS = {
 
 
 class TokenizerManager:
-    def __init__(self, args: EngineArgs, *, tokenizer: Any, ipc: IpcPaths, model_info: dict[str, Any]) -> None:
+    def __init__(
+        self, args: EngineArgs, *, tokenizer: Any, ipc: IpcPaths, model_info: dict[str, Any]
+    ) -> None:
         self.args = args
         self.tokenizer = tokenizer
         self.ipc = ipc
@@ -92,6 +94,7 @@ class TokenizerManager:
         self._ready_event: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
         self._encoder = _prompt_encoder(tokenizer)
+        self._outbox: list[tuple[str | None, bytes]] = []  # (request id or None, encoded message)
 
     # ================================================================== lifecycle
     async def start(self, *, ready_timeout: float = 600.0, children_alive=None) -> None:
@@ -166,16 +169,22 @@ class TokenizerManager:
             return None
         return await self._encoder.encode(req.text)
 
-    def tokenize_request(self, req: GenerateRequest, text_ids: list[int] | None = None) -> TokenizedGenerateReq:
+    def tokenize_request(
+        self, req: GenerateRequest, text_ids: list[int] | None = None
+    ) -> TokenizedGenerateReq:
         """Validate and tokenize (``text_ids``: the text already encoded); raises InvalidRequest
         naming the field."""
         if self._status != "serving":
-            raise InvalidRequest("", f"server is {self._status}" + (f": {self._broken_reason}" if self._broken_reason else ""))
+            raise InvalidRequest(
+                "", f"server is {self._status}" + (f": {self._broken_reason}" if self._broken_reason else "")
+            )
         if req.input_ids is not None:
             ids = list(req.input_ids)
             validate_token_ids(ids, self.vocab_size, "input_ids")
         elif req.text is not None:
-            ids = text_ids if text_ids is not None else self.tokenizer.encode(req.text, add_special_tokens=True)
+            ids = (
+                text_ids if text_ids is not None else self.tokenizer.encode(req.text, add_special_tokens=True)
+            )
         else:
             raise InvalidRequest("text", "either text or input_ids is required")
         if not ids:
@@ -287,11 +296,15 @@ class TokenizerManager:
         }
 
     async def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
-        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600)
+        reply = await self._control(
+            UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600
+        )
         return reply.ok, reply.message
 
     async def update_weights_from_tensor(self, tensor_file: str) -> tuple[bool, str]:
-        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600)
+        reply = await self._control(
+            UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600
+        )
         return reply.ok, reply.message
 
     async def _control(self, msg: Any, timeout: float = 30.0) -> ControlReply:
@@ -307,7 +320,35 @@ class TokenizerManager:
 
     # ================================================================== receiving
     def _send(self, msg: Any) -> None:
-        self.to_sched.send(self.codec_sched.encode(msg), flags=zmq.NOBLOCK)
+        """Queue ``msg`` for the scheduler. Requests queued in one turn of the event loop leave
+        together at its end (:meth:`_flush`), as the frames of one message: the scheduler reads
+        them at once and admits them together, so a batch submitted at once (a list of prompts
+        to ``/generate`` or ``Engine.generate``) is prefilled together rather than in whatever
+        pieces the scheduler's polls cut it into. Any other message goes at once, after the
+        requests queued before it (an abort must follow its request)."""
+        rid = msg.rid if isinstance(msg, TokenizedGenerateReq) else None
+        self._outbox.append((rid, self.codec_sched.encode(msg)))
+        if rid is None:
+            self._flush()
+        elif len(self._outbox) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """Send the queued messages as one multipart message. When that fails (the scheduler's
+        queue is full, the socket closed), each queued request finishes with an abort its
+        client sees, and a control message's sender gets the error."""
+        if not self._outbox:
+            return
+        out, self._outbox = self._outbox, []
+        try:
+            self.to_sched.send_multipart([frame for _, frame in out], flags=zmq.NOBLOCK)
+        except Exception as e:
+            for rid, _ in out:
+                st = self.states.get(rid) if rid is not None else None
+                if st is not None and not st.finished:
+                    self._finish_with_abort(st, f"could not reach the scheduler: {type(e).__name__}: {e}")
+            if out[-1][0] is None:
+                raise
 
     async def _recv_loop(self) -> None:
         while True:
@@ -411,6 +452,7 @@ class TokenizerManager:
 
     def _with_text(self, key: str, vals: list, with_text: bool) -> list:
         """Wire triples ``[logprob, token_id, text|None]``; top lists are lists of triples."""
+
         def triple(pair: list) -> list:
             lp, tok = pair
             return [lp, tok, self.tokenizer.decode([tok], skip_special_tokens=False) if with_text else None]
