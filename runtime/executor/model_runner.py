@@ -223,9 +223,7 @@ class ModelRunner:
         cfg = self.model_config
         per_token = KVPool.bytes_per_token_for(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
         fraction = mem_fraction if mem_fraction is not None else _DEFAULT_MEM_FRACTION[self.device.type]
-        budget = kv_budget_bytes(
-            _device_memory(self.device), _free_memory(self.device), fraction, self.weight_bytes
-        )
+        budget = kv_budget_bytes(_device_memory(self.device), _free_memory(self.device), fraction, self.weight_bytes)
         tokens = int(budget // per_token)
         if self.device.type == "cpu":
             tokens = min(tokens, _CPU_MAX_DEFAULT_TOKENS)

@@ -145,9 +145,7 @@ class SchedulerProcess:
             rid=msg.rid,
             origin_input_ids=list(msg.input_ids),
             params=params,
-            stop_checker=StopChecker(
-                params, eos_token_ids=self.rt.eos_token_ids, tokenizer=self.rt.tokenizer
-            ),
+            stop_checker=StopChecker(params, eos_token_ids=self.rt.eos_token_ids, tokenizer=self.rt.tokenizer),
             return_logprob=msg.return_logprob,
             logprob_start_len=msg.logprob_start_len,
             top_logprobs_num=msg.top_logprobs_num,
@@ -159,9 +157,7 @@ class SchedulerProcess:
         self.scheduler.add_request(req)
 
     def _on_abort(self, msg: AbortReq) -> None:
-        self.scheduler.abort(
-            msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code
-        )
+        self.scheduler.abort(msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code)
 
     def _on_flush(self, msg: FlushCacheReq) -> None:
         ok = self.scheduler.flush_cache()
@@ -215,7 +211,6 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
 
         to_detok = push_socket(ctx, ipc.detokenizer)
         codec_detok = Codec(ToDetokenizer)
-
         def send_detok(m: Any) -> None:
             to_detok.send(codec_detok.encode(m))
 

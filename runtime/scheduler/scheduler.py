@@ -634,6 +634,7 @@ class Scheduler:
             if self._decode_steps % self.cfg.log_interval == 0:
                 self._log_decode()
         else:
+            self.stats.prefill_batches += 1
             self._log_prefill(batch)
 
     def _process_continuous(self, batch: ScheduledBatch, per_step: list[list[int]]) -> None:
@@ -1047,6 +1048,7 @@ class Scheduler:
             "new_token_ratio": self.ratio.value,
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
+            "prefill_batches_total": s.prefill_batches,
             "spec_window_steps_total": s.spec_window_steps,
             "decode_step_ms": (self.pace.per_step or 0.0) * 1e3,
             **self.cache.tier_stats(),
@@ -1108,6 +1110,7 @@ class SchedulerCounters:
     gen_throughput: float = 0.0
     jump_forward_tokens: int = 0
     continuous_decode_steps: int = 0  # decode steps run inside continuous decode batches
+    prefill_batches: int = 0  # prefill (extend) passes whose results were processed
     spec_window_steps: int = 0  # speculative steps run inside windows (several per host sync)
 
 

@@ -73,9 +73,7 @@ _LOGPROB_KEYS = {
 
 
 class TokenizerManager:
-    def __init__(
-        self, args: EngineArgs, *, tokenizer: Any, ipc: IpcPaths, model_info: dict[str, Any]
-    ) -> None:
+    def __init__(self, args: EngineArgs, *, tokenizer: Any, ipc: IpcPaths, model_info: dict[str, Any]) -> None:
         self.args = args
         self.tokenizer = tokenizer
         self.ipc = ipc
@@ -169,22 +167,16 @@ class TokenizerManager:
             return None
         return await self._encoder.encode(req.text)
 
-    def tokenize_request(
-        self, req: GenerateRequest, text_ids: list[int] | None = None
-    ) -> TokenizedGenerateReq:
+    def tokenize_request(self, req: GenerateRequest, text_ids: list[int] | None = None) -> TokenizedGenerateReq:
         """Validate and tokenize (``text_ids``: the text already encoded); raises InvalidRequest
         naming the field."""
         if self._status != "serving":
-            raise InvalidRequest(
-                "", f"server is {self._status}" + (f": {self._broken_reason}" if self._broken_reason else "")
-            )
+            raise InvalidRequest("", f"server is {self._status}" + (f": {self._broken_reason}" if self._broken_reason else ""))
         if req.input_ids is not None:
             ids = list(req.input_ids)
             validate_token_ids(ids, self.vocab_size, "input_ids")
         elif req.text is not None:
-            ids = (
-                text_ids if text_ids is not None else self.tokenizer.encode(req.text, add_special_tokens=True)
-            )
+            ids = text_ids if text_ids is not None else self.tokenizer.encode(req.text, add_special_tokens=True)
         else:
             raise InvalidRequest("text", "either text or input_ids is required")
         if not ids:
@@ -296,15 +288,11 @@ class TokenizerManager:
         }
 
     async def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
-        reply = await self._control(
-            UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600
-        )
+        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600)
         return reply.ok, reply.message
 
     async def update_weights_from_tensor(self, tensor_file: str) -> tuple[bool, str]:
-        reply = await self._control(
-            UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600
-        )
+        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600)
         return reply.ok, reply.message
 
     async def _control(self, msg: Any, timeout: float = 30.0) -> ControlReply:
@@ -452,7 +440,6 @@ class TokenizerManager:
 
     def _with_text(self, key: str, vals: list, with_text: bool) -> list:
         """Wire triples ``[logprob, token_id, text|None]``; top lists are lists of triples."""
-
         def triple(pair: list) -> list:
             lp, tok = pair
             return [lp, tok, self.tokenizer.decode([tok], skip_special_tokens=False) if with_text else None]

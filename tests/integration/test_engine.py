@@ -34,6 +34,17 @@ def test_batch_and_n_return_lists(engine):
     assert all(o["meta_info"]["completion_tokens"] == 4 for o in many)
 
 
+def test_a_batch_submitted_at_once_is_prefilled_in_one_pass(engine):
+    """The tokenizer manager sends the requests of one event-loop turn as one message, so the
+    scheduler admits a list of prompts together rather than in whatever pieces its polls catch."""
+    prompts = [f"Item {i}: a short line about the number {i}." for i in range(8)]
+    for _ in range(3):
+        before = engine.get_server_info()["live"]["prefill_batches_total"]
+        outs = engine.generate(prompts, sampling_params={"temperature": 0, "max_new_tokens": 2})
+        assert [o["meta_info"]["completion_tokens"] for o in outs] == [2] * len(prompts)
+        assert engine.get_server_info()["live"]["prefill_batches_total"] - before == 1
+
+
 def test_input_ids_and_text_agree(engine):
     ids = engine.tm.tokenizer.encode("The capital of France is", add_special_tokens=True)
     a = engine.generate(input_ids=ids, sampling_params=GREEDY)
