@@ -213,8 +213,9 @@ def check_contiguous_extend_on_views(
 
 
 def _check_decode_variants(fast, batch: Batch, out: torch.Tensor) -> None:
-    """The decode kernel gives the same bits with its programs in either order (``heads_first``),
-    and the backend's output to rounding with each of its default launch settings."""
+    """The decode kernel gives the same bits with its programs in either order (``heads_first``)
+    and with either merge layout (``merge_grouped``), and the backend's output to rounding with
+    each of its default launch settings."""
     from phloem.runtime.attention.triton_kernels import decode_attention
 
     k_buf, v_buf = batch.pool.get_kv(0)
@@ -227,6 +228,14 @@ def _check_decode_variants(fast, batch: Batch, out: torch.Tensor) -> None:
             heads_first=heads_first,
         )  # fmt: skip
         assert torch.equal(again, out), f"heads_first={heads_first} changed the decode output"
+    for grouped in (False, True):
+        again = decode_attention(
+            batch.q, k_buf, v_buf, torch.empty_like(batch.q), fast.part_o, fast.part_lse,
+            req_to_token=batch.rtt.req_to_token, req_pool_indices=fast.req_pool_indices,
+            seq_lens=fast.seq_lens, sm_scale=fast.scale, k_scale=k_scale, v_scale=v_scale,
+            merge_grouped=grouped,
+        )  # fmt: skip
+        assert torch.equal(again, out), f"merge_grouped={grouped} changed the decode output"
     # every default launch setting, whatever the batch picks: 64 and 128 keys a loop step
     for block_n, warps, stages in ((64, 2, 3), (128, 4, 2)):
         other = decode_attention(
