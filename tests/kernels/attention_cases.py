@@ -220,22 +220,19 @@ def _check_decode_variants(fast, batch: Batch, out: torch.Tensor) -> None:
 
     k_buf, v_buf = batch.pool.get_kv(0)
     k_scale, v_scale = batch.pool.get_kv_scales(0)
-    for heads_first in (False, True):
+    variants = [
+        {"heads_first": False},
+        {"heads_first": True},
+        {"merge_grouped": False},
+        {"merge_grouped": True},
+    ]
+    for variant in variants:
         again = decode_attention(
             batch.q, k_buf, v_buf, torch.empty_like(batch.q), fast.part_o, fast.part_lse,
             req_to_token=batch.rtt.req_to_token, req_pool_indices=fast.req_pool_indices,
-            seq_lens=fast.seq_lens, sm_scale=fast.scale, k_scale=k_scale, v_scale=v_scale,
-            heads_first=heads_first,
+            seq_lens=fast.seq_lens, sm_scale=fast.scale, k_scale=k_scale, v_scale=v_scale, **variant,
         )  # fmt: skip
-        assert torch.equal(again, out), f"heads_first={heads_first} changed the decode output"
-    for grouped in (False, True):
-        again = decode_attention(
-            batch.q, k_buf, v_buf, torch.empty_like(batch.q), fast.part_o, fast.part_lse,
-            req_to_token=batch.rtt.req_to_token, req_pool_indices=fast.req_pool_indices,
-            seq_lens=fast.seq_lens, sm_scale=fast.scale, k_scale=k_scale, v_scale=v_scale,
-            merge_grouped=grouped,
-        )  # fmt: skip
-        assert torch.equal(again, out), f"merge_grouped={grouped} changed the decode output"
+        assert torch.equal(again, out), f"{variant} changed the decode output"
     # every default launch setting, whatever the batch picks: 64 and 128 keys a loop step
     for block_n, warps, stages in ((64, 2, 3), (128, 4, 2)):
         other = decode_attention(
