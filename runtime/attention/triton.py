@@ -7,6 +7,7 @@ the batch size alone. Extend builds a per-batch table of (request, query block) 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +18,7 @@ from phloem.runtime.attention.triton_extend_contig import (
     extend_tiles,
 )
 from phloem.runtime.attention.triton_kernels import (
+    NewTokenKV,
     decode_attention,
     decode_scratch,
     extend_attention,
@@ -29,7 +31,12 @@ from phloem.runtime.layers.fusion import use_fused
 if TYPE_CHECKING:
     from phloem.runtime.executor.forward_io import ForwardInput
 
-__all__ = ["TritonBackend"]
+__all__ = ["ROPE_IN_DECODE", "TritonBackend"]
+
+# Decode passes rotate q and k and write the new K/V inside the decode kernel (``NewTokenKV``)
+# rather than in ``rope_store_`` before it; ``PHLOEM_DECODE_ROPE=0`` keeps the separate kernel
+# (A/B measurement). Read at import; a captured graph keeps the path it was captured with.
+ROPE_IN_DECODE = os.environ.get("PHLOEM_DECODE_ROPE", "1") != "0"
 
 
 class TritonBackend(AttentionBackend):
@@ -38,6 +45,7 @@ class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
     _stored_layer = -1  # layer whose new K/V ``rotate`` already wrote (fused with RoPE)
     _contig = False  # whether that ``rotate`` also left k rotated in place, for the contiguous kernel
+    _new_kv: NewTokenKV | None = None  # a decode layer's token, for the decode kernel to rotate and store
     key_pairs: tuple[int, int] | None = None  # the extend batch's (prefix, new) query-key pairs
 
     def init_metadata(self, forward_input: ForwardInput) -> None:
@@ -73,7 +81,9 @@ class TritonBackend(AttentionBackend):
         rotated k and v to the pool, quantized for an fp8 pool (the torch reference path takes
         the unfused route). An extend pass that the contiguous-K/V kernel will serve
         (``triton_extend_contig``) also rotates k in place, for that kernel reads the new keys from
-        it; otherwise k is left as it came."""
+        it; otherwise k is left as it came. A decode pass (with :data:`ROPE_IN_DECODE`) launches
+        nothing here: q and k come back as they came, and the decode kernel rotates them and
+        writes the new K/V (``triton_kernels.NewTokenKV``)."""
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         fusable = (
             self.mode in (ForwardMode.DECODE, ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY)
@@ -83,6 +93,13 @@ class TritonBackend(AttentionBackend):
         )
         if not fusable:
             return super().rotate(q, k, v, cos_sin, layer, qk_norm)
+        if self.mode == ForwardMode.DECODE and ROPE_IN_DECODE:
+            # left to the decode kernel (``NewTokenKV``): q and k stay as they are for now
+            cos, sin = cos_sin
+            norm = None if qk_norm is None else (qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps)
+            self._new_kv = NewTokenKV(k, v, cos, sin, self.out_slots, norm)
+            self._stored_layer = layer
+            return q, k
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         contig = self.mode == ForwardMode.EXTEND and contiguous_extend_ok(q, k, v, k_buf)
         rope_store_(
@@ -126,6 +143,8 @@ class TritonBackend(AttentionBackend):
         )  # fmt: skip
 
     def forward_decode(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+        new_kv = self._new_kv if self._stored_layer == layer else None
+        self._new_kv = None
         self._store(k, v, layer)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
@@ -134,5 +153,5 @@ class TritonBackend(AttentionBackend):
             q, k_buf, v_buf, out, self.part_o, self.part_lse,
             req_to_token=self.req_to_token_pool.req_to_token,
             req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens, sm_scale=self.scale,
-            k_scale=k_scale, v_scale=v_scale,
+            k_scale=k_scale, v_scale=v_scale, new_kv=new_kv,
         )  # fmt: skip

@@ -30,13 +30,16 @@ kernels launch with programmatic dependent launch (:mod:`phloem.runtime.layers.p
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime.layers.fused_triton import _to_fp8
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = [
+    "NewTokenKV",
     "decode_attention",
     "decode_num_splits",
     "decode_scratch",
@@ -157,18 +160,44 @@ def _extend_kernel(
 
 
 @triton.jit
+def _rope_rows(ptrs, mask, partner_off, cos, sin, lower, w_ptr, w_cols, eps,
+               HEAD_DIM: tl.constexpr, HAS_NORM: tl.constexpr, AXIS: tl.constexpr):  # fmt: skip
+    """RoPE (rotate-half) of head rows loaded whole: ``ptrs`` [..., BLOCK_D] point at the rows'
+    elements, ``ptrs + partner_off`` at each element's partner in the other half; ``cos``/``sin``
+    are indexed by column (the table repeated over both halves), ``lower`` marks the first half.
+    With ``HAS_NORM`` each row (along axis ``AXIS``) is RMS-normalized first (weight at
+    ``w_ptr + w_cols``) and rounded to the dtype, as ``rope_store_`` does. Returns the rotated rows
+    in the input's dtype."""
+    x = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    xp = tl.load(ptrs + partner_off, mask=mask, other=0.0).to(tl.float32)
+    dtype = ptrs.dtype.element_ty
+    if HAS_NORM:
+        rstd = tl.rsqrt(tl.sum(x * x, axis=AXIS, keep_dims=True) / HEAD_DIM + eps)
+        w = tl.load(w_ptr + w_cols, mask=w_cols < HEAD_DIM, other=0.0).to(tl.float32)
+        wp = tl.load(w_ptr + w_cols + partner_off, mask=w_cols < HEAD_DIM, other=0.0).to(tl.float32)
+        x = (x * rstd * w).to(dtype).to(tl.float32)
+        xp = (xp * rstd * wp).to(dtype).to(tl.float32)
+    return (x * cos + tl.where(lower, -xp, xp) * sin).to(dtype)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr, k_ptr, v_ptr, part_o_ptr, part_lse_ptr,
     req_to_token_ptr, req_idx_ptr, seq_lens_ptr,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
     sm_scale, k_scale, v_scale,
+    nk_ptr, nv_ptr, cos_ptr, sin_ptr, slots_ptr, qn_ptr, kn_ptr, eps,
+    stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_cos, stride_sin,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr,
-    HEADS_FIRST: tl.constexpr,
+    HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, QUANT: tl.constexpr,
 ):  # fmt: skip
     # grid: (requests, kv heads, splits), or (kv heads, requests, splits) with HEADS_FIRST; one
-    # program serves all GROUP query heads of its KV head
+    # program serves all GROUP query heads of its KV head. With ROPE the step's token is not in
+    # the pool yet: q (un-rotated) and the new k are rotated here (per-head norms first with
+    # HAS_NORM); the program whose split holds the new key starts its softmax from it, from
+    # registers, and writes its K and V to the pool (fp8 with QUANT), as rope_store_ would have.
     pdl_trigger(PDL)
     pdl_wait(PDL)
     if HEADS_FIRST:
@@ -189,11 +218,28 @@ def _decode_split_kernel(
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
     heads = kv_head * GROUP + offs_h
-    q = tl.load(
-        q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
-        mask=h_mask[:, None] & d_mask[None, :],
-        other=0.0,
-    )
+    q_tile = q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
+    if ROPE:
+        half = HEAD_DIM // 2
+        lower = offs_d < half
+        partner = tl.where(lower, half, -half)  # offset of each element's rotation partner
+        col = tl.where(lower, offs_d, offs_d - half)
+        cos = tl.load(cos_ptr + b.to(tl.int64) * stride_cos + col, mask=d_mask, other=0.0).to(tl.float32)
+        sin = tl.load(sin_ptr + b.to(tl.int64) * stride_sin + col, mask=d_mask, other=0.0).to(tl.float32)
+        q = _rope_rows(q_tile, h_mask[:, None] & d_mask[None, :], partner[None, :], cos[None, :],
+                       sin[None, :], lower[None, :], qn_ptr, offs_d[None, :], eps, HEAD_DIM, HAS_NORM, 1)  # fmt: skip
+        nk = _rope_rows(nk_ptr + b.to(tl.int64) * stride_nkt + kv_head * stride_nkh + offs_d, d_mask,
+                        partner, cos, sin, lower, kn_ptr, offs_d, eps, HEAD_DIM, HAS_NORM, 0)  # fmt: skip
+        nv = tl.load(
+            nv_ptr + b.to(tl.int64) * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask, other=0.0
+        )
+        if QUANT:  # what the pool will hold, and what a later step reads back
+            nk = _to_fp8(nk, k_scale, k_ptr.dtype.element_ty)
+            nv = _to_fp8(nv, v_scale, v_ptr.dtype.element_ty)
+        nk = nk.to(k_ptr.dtype.element_ty)
+        nv = nv.to(v_ptr.dtype.element_ty)
+    else:
+        q = tl.load(q_tile, mask=h_mask[:, None] & d_mask[None, :], other=0.0)
     if FP32_DOT:
         q = q.to(tl.float32)
     if F16_DOT:  # fp8 K/V widen to float16 in one instruction per pair; bf16 q fits it exactly
@@ -202,6 +248,18 @@ def _decode_split_kernel(
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    if ROPE:
+        if (start <= seq_len - 1) & (seq_len - 1 < end):  # this split holds the new key
+            # the softmax starts from it (nothing of it stays live through the loop), with the
+            # loop's roundings: key and value as the pool holds them, in the dot's dtype; p = 1
+            m_i = tl.sum(q.to(tl.float32) * nk.to(q.dtype).to(tl.float32)[None, :], 1) * qk_scale
+            l_i = tl.full([BLOCK_H], 1.0, tl.float32)
+            acc = acc + nv.to(q.dtype).to(tl.float32)[None, :]
+            # no program of this launch reads the new slot: the key came from registers
+            slot = tl.load(slots_ptr + b).to(tl.int64)
+            tl.store(k_ptr + slot * stride_kt + kv_head * stride_kh + offs_d, nk, mask=d_mask)
+            tl.store(v_ptr + slot * stride_vt + kv_head * stride_vh + offs_d, nv, mask=d_mask)
+        end = tl.minimum(end, seq_len - 1)  # the pool's keys
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         in_row = offs_n < end
@@ -351,6 +409,44 @@ def extend_attention(
     return out
 
 
+class NewTokenKV(NamedTuple):
+    """The decode step's own token, for :func:`decode_attention` to rotate and store (``B``
+    requests, one token each): ``k``, ``v`` ``[B, Hk, D]`` as the qkv projection left them (any
+    row stride, contiguous last axis), RoPE tables ``cos``, ``sin`` ``[B, 1, D/2]`` (rotate-half
+    layout), the pool ``slots`` ``[B]`` they go to, and Qwen3's per-head norms before the rotation
+    (``(q_weight, k_weight, eps)``, weights ``[D]``) or ``None``."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    slots: torch.Tensor
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None = None
+
+    def check(
+        self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, k_scale: float, v_scale: float
+    ) -> None:
+        """Raise ``ValueError`` unless these tensors fit ``q`` and the pool."""
+        b, _, d = q.shape
+        if self.k.shape != (b, k_buf.shape[1], d) or self.v.shape != self.k.shape or d % 2:
+            raise ValueError(f"new k {tuple(self.k.shape)}, v {tuple(self.v.shape)} for q {tuple(q.shape)}")
+        if self.cos.shape[0] != b or self.cos.shape[-1] != d // 2 or self.sin.shape != self.cos.shape:
+            raise ValueError(f"cos/sin {tuple(self.cos.shape)} for {b} tokens of head size {d}")
+        if self.slots.shape != (b,):
+            raise ValueError(f"slots {tuple(self.slots.shape)} for {b} tokens")
+        fp8 = k_buf.dtype == torch.float8_e4m3fn
+        if not fp8 and (k_buf.dtype != self.k.dtype or v_buf.dtype != self.v.dtype):
+            raise ValueError(f"a {k_buf.dtype} pool does not hold new k/v of {self.k.dtype}")
+        if fp8 and (v_buf.dtype != k_buf.dtype or k_scale <= 0 or v_scale <= 0):
+            raise ValueError(
+                f"an fp8 pool needs fp8 K and V buffers and positive scales, got {k_scale}, {v_scale}"
+            )
+        if any(x.stride(-1) != 1 for x in (q, self.k, self.v, self.cos, self.sin)):
+            raise ValueError("q, the new k/v and cos/sin need a contiguous last axis")
+        if self.qk_norm is not None and any(w.shape != (d,) or w.stride(-1) != 1 for w in self.qk_norm[:2]):
+            raise ValueError(f"q/k norm weights must be contiguous [{d}]")
+
+
 def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int) -> int:
     """Key-axis splits per (request, KV head): enough programs to fill the chip, at most 16.
 
@@ -404,6 +500,7 @@ def decode_attention(
     f16_dot: bool | None = None,
     heads_first: bool | None = None,
     merge_grouped: bool | None = None,
+    new_kv: NewTokenKV | None = None,
 ) -> torch.Tensor:
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
@@ -435,6 +532,13 @@ def decode_attention(
     ``merge_grouped``: whether a merge program combines the splits of a KV head's whole group of
     query heads (the default from :data:`_MERGE_GROUPED_MIN_PAIRS` (request, KV head) pairs) or
     of one query head (fewer pairs: more, shorter programs). Either way changes no result.
+
+    ``new_kv``: the step's own token has not been rotated nor written to the pool yet (the Triton
+    backend's decode; :class:`NewTokenKV`). The split kernel then does what ``rope_store_`` would
+    have done before it, one launch and one round trip through memory fewer a layer: it rotates
+    ``q`` in registers (``q`` itself is left as it is), takes the new key and value from
+    ``new_kv`` rather than from the pool, and writes them to their slots. The result is the one
+    of ``rope_store_`` followed by this function to the rounding of the rotation.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -451,16 +555,27 @@ def decode_attention(
     if heads_first is None:
         heads_first = _HEADS_FIRST
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
+    has_norm = False
+    if new_kv is not None:
+        new_kv.check(q, k_buf, v_buf, k_scale, v_scale)
+        has_norm = new_kv.qk_norm is not None
+        nk, nv, cos, sin, slots = new_kv.k, new_kv.v, new_kv.cos, new_kv.sin, new_kv.slots
+        qn, kn, eps = new_kv.qk_norm if new_kv.qk_norm is not None else (q, q, 0.0)
+    else:  # unused pointers
+        nk = nv = cos = sin = slots = qn = kn = q
+        eps = 0.0
     _decode_split_kernel[grid](
         q, k_buf, v_buf, part_o, part_lse,
         req_to_token, req_pool_indices, seq_lens,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0),
         sm_scale, k_scale, v_scale,
+        nk, nv, cos, sin, slots, qn, kn, eps,
+        nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0), sin.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32, PDL=pdl,
-        HEADS_FIRST=heads_first,
+        HEADS_FIRST=heads_first, ROPE=new_kv is not None, HAS_NORM=has_norm, QUANT=new_kv is not None and fp8,
         num_warps=num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2),
         num_stages=num_stages or (_WIDE_TILE[2] if wide else 3 if block_d >= 128 and not fp32 else 2),
         **launch_kwargs(pdl),

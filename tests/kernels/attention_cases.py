@@ -256,3 +256,103 @@ def _check_new_kv_landed(batch: Batch) -> None:
     k, v = pool.gather_kv(0, slots, torch.float64)
     for got, want, scale in zip((k, v), (batch.k, batch.v), pool.get_kv_scales(0)):
         torch.testing.assert_close(got, want.double(), rtol=2**-4, atol=scale * 2**-10)
+
+
+def check_decode_new_kv(
+    prefix_lens: list[int],
+    heads: Heads,
+    *,
+    dtype: torch.dtype,
+    device: str,
+    seed: int,
+    qk_norm: bool = False,
+    kv_dtype: torch.dtype | None = None,
+    kv_scales: tuple[float, float] | None = None,
+    via_backend: bool = False,
+) -> float:
+    """Decode with the step's token rotated and stored inside the decode kernel (``NewTokenKV``)
+    against ``rope_store_`` followed by the plain decode kernel, on two copies of one pool.
+
+    The pools must end equal: bit for bit outside the new tokens' slots, to the rotation's
+    rounding in them (``rope_store_``'s own tolerance against ``rope_ref``); the outputs to the
+    dtype's tolerance; ``q``, ``k``, ``v`` untouched. ``qk_norm``: Qwen3's per-head norms first.
+    ``via_backend``: both sides go through ``TritonBackend.forward`` with RoPE tables (the path a
+    model takes), switched by ``ROPE_IN_DECODE``, rather than through the kernels' functions.
+    Returns the outputs' relative difference."""
+    from phloem.runtime.attention import triton as triton_backend
+    from phloem.runtime.attention.triton_kernels import NewTokenKV, decode_attention, decode_scratch
+    from phloem.runtime.layers.fused_triton import rope_store_
+    from phloem.runtime.layers.rotary import RotaryEmbedding
+
+    b = make_batch(
+        prefix_lens, [1] * len(prefix_lens), ForwardMode.DECODE, heads, dtype=dtype, device=device,
+        seed=seed, kv_dtype=kv_dtype, kv_scales=kv_scales,
+    )  # fmt: skip
+    gen = torch.Generator().manual_seed(seed + 100)
+    cos_sin = RotaryEmbedding(heads.dim, 8192, 10000.0).to(device).cos_sin(b.fi.positions)
+    norm = None
+    if qk_norm:
+        w = [(1 + 0.3 * torch.randn(heads.dim, generator=gen)).to(device=device, dtype=dtype) for _ in "qk"]
+        norm = (w[0], w[1], 1e-6)
+    q0, k0, v0 = b.q.clone(), b.k.clone(), b.v.clone()
+    plain_pool = _clone_pool_exact(b.pool)
+    slots, fi = b.fi.out_slots, b.fi
+    if via_backend:
+        from phloem.runtime.attention.base import QKNorm
+
+        qkn = None if norm is None else QKNorm(*norm)
+        outs = []
+        for fused, pool in ((True, b.pool), (False, plain_pool)):
+            old, triton_backend.ROPE_IN_DECODE = triton_backend.ROPE_IN_DECODE, fused
+            try:
+                be = triton_backend.TritonBackend(pool, b.rtt, num_heads=heads.q)
+                be.init_metadata(fi)
+                q = b.q if fused else b.q.clone()  # the unfused side rotates q in place
+                outs.append(be.forward(q, b.k, b.v, 0, cos_sin=cos_sin, qk_norm=qkn))
+            finally:
+                triton_backend.ROPE_IN_DECODE = old
+        out, plain = outs
+    else:
+        k_buf, v_buf = b.pool.get_kv(0)
+        k_scale, v_scale = b.pool.get_kv_scales(0)
+        part_o, part_lse = decode_scratch(len(prefix_lens), heads.q, heads.kv, heads.dim, device)
+        kw = {
+            "req_to_token": b.rtt.req_to_token, "req_pool_indices": fi.req_pool_indices,
+            "seq_lens": fi.seq_lens, "sm_scale": heads.dim**-0.5, "k_scale": k_scale, "v_scale": v_scale,
+        }  # fmt: skip
+        new_kv = NewTokenKV(b.k, b.v, *cos_sin, slots, norm)
+        out = decode_attention(
+            b.q, k_buf, v_buf, torch.empty_like(b.q), part_o, part_lse, new_kv=new_kv, **kw
+        )
+        q = b.q.clone()
+        pk, pv = plain_pool.get_kv(0)
+        rope_store_(q, b.k, b.v, *cos_sin, pk, pv, slots, qk_norm=norm, k_scale=k_scale, v_scale=v_scale)
+        plain = decode_attention(q, pk, pv, torch.empty_like(q), part_o, part_lse, **kw)
+    assert torch.equal(b.q, q0) and torch.equal(b.k, k0) and torch.equal(b.v, v0), "q, k or v changed"
+    others = torch.ones(b.pool.num_slots, dtype=torch.bool, device=device)
+    others[slots] = False
+    for name, got, want in zip("KV", b.pool.get_kv(0), plain_pool.get_kv(0)):
+        assert torch.equal(got[others].view(torch.uint8), want[others].view(torch.uint8)), (
+            f"{name} outside the slots"
+        )
+        got_new, want_new = got[slots].double(), want[slots].double()
+        close = (got_new - want_new).abs() <= 2**-7 * want_new.abs() + 1e-6  # the rotation's rounding
+        if b.pool.is_fp8:  # an fp8 value one step up or down from a rounding difference before it
+            close = close | ((got_new - want_new).abs() <= 2**-3 * want_new.abs() + 2**-9)
+        assert bool(close.all()), f"new {name} differs from rope_store_'s by more than rounding"
+    assert not torch.isnan(out).any(), "NaN in output"
+    err = float((out.double() - plain.double()).norm() / plain.double().norm())
+    assert err < REL_TOL[dtype], f"relative difference {err:.3e} over {REL_TOL[dtype]:.0e}"
+    return err
+
+
+def _clone_pool_exact(pool: KVPool) -> KVPool:
+    """A copy of ``pool`` with the same dtype, bytes and scales."""
+    k_scale, v_scale = pool.get_kv_scales(0)
+    scales = {"k_scales": [k_scale], "v_scales": [v_scale]} if pool.is_fp8 else {}
+    out = KVPool(
+        pool.num_layers, pool.num_slots, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.device, **scales
+    )
+    out.k_buffer[0].copy_(pool.k_buffer[0])
+    out.v_buffer[0].copy_(pool.v_buffer[0])
+    return out

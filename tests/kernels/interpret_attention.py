@@ -22,12 +22,15 @@ from tests.kernels.attention_cases import (  # noqa: E402
     SMALL_BATCHES,
     SMALL_HEADS,
     check_contiguous_extend_on_views,
+    check_decode_new_kv,
     compare_with_ref,
     make_batch,
 )
 
 # (k_scale, v_scale) of the fp8 runs: the default, and scales that make the kernels' folding visible
 FP8_SCALES = {"scale1": (1.0, 1.0), "scaled": (0.05, 0.02)}
+# decode contexts (before the new token) putting it alone, last in a 64-key block, first in one
+DECODE_EDGES = [0, 63, 17, 64, 90]
 
 
 def main(fp8: bool = False) -> int:
@@ -71,6 +74,19 @@ def main(fp8: bool = False) -> int:
                 except AssertionError as exc:
                     failures += 1
                     print(f"FAIL {name}: {exc}")
+        # the step's token rotated and stored by the decode kernel, new keys at block edges
+        for heads_name, heads in SMALL_HEADS.items():
+            for dtype_name in ("fp32", "fp16"):
+                for norm in (False, True):
+                    name = f"decode new kv {heads_name} {dtype_name}{' qk_norm' if norm else ''}"
+                    try:
+                        err = check_decode_new_kv(
+                            DECODE_EDGES, heads, dtype=DTYPES[dtype_name], device="cpu", seed=3, qk_norm=norm
+                        )
+                        print(f"ok   {name} rel_diff={err:.2e}")
+                    except AssertionError as exc:
+                        failures += 1
+                        print(f"FAIL {name}: {exc}")
     return 1 if failures else 0
 
 

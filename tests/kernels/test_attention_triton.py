@@ -15,6 +15,7 @@ from .attention_cases import (
     DTYPES,
     HEADS,
     check_contiguous_extend_on_views,
+    check_decode_new_kv,
     compare_with_ref,
     make_batch,
 )
@@ -76,3 +77,31 @@ def test_decode_split_count_does_not_change_result(batch_size: int) -> None:
         seed=batch_size,
     )
     compare_with_ref("triton", b, h.q)
+
+
+# decode contexts (before the new token): alone, last and first in 64- and 128-key blocks, long
+NEW_KV_LENS = [0, 63, 64, 127, 128, 17, 300, 1000, 2047]
+
+
+@pytest.mark.parametrize("via_backend", [False, True])
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("dtype", sorted(DTYPES))
+@pytest.mark.parametrize("heads", sorted(HEADS))
+def test_decode_rotates_and_stores_the_new_token(
+    heads: str, dtype: str, qk_norm: bool, via_backend: bool
+) -> None:
+    """The decode kernel rotating q and the new k and writing the new K/V itself (``NewTokenKV``)
+    matches ``rope_store_`` and the plain decode kernel (9 requests: 16 key splits)."""
+    check_decode_new_kv(
+        NEW_KV_LENS, HEADS[heads], dtype=DTYPES[dtype], device="cuda", seed=1, qk_norm=qk_norm,
+        via_backend=via_backend,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_decode_stores_the_new_token_in_a_wide_batch(dtype: str) -> None:
+    """The same at 128 requests of Llama-3-8B heads (2 key splits, the wide tile in bf16)."""
+    lens = [(53 * i) % 700 for i in range(128)]
+    check_decode_new_kv(
+        lens, HEADS["gqa4_d128"], dtype=DTYPES[dtype], device="cuda", seed=2, via_backend=True
+    )

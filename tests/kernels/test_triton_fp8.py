@@ -14,7 +14,16 @@ import importlib.util
 import pytest
 import torch
 
-from .attention_cases import BATCHES, DTYPES, HEADS, SMALL_BATCHES, SMALL_HEADS, compare_with_ref, make_batch
+from .attention_cases import (
+    BATCHES,
+    DTYPES,
+    HEADS,
+    SMALL_BATCHES,
+    SMALL_HEADS,
+    check_decode_new_kv,
+    compare_with_ref,
+    make_batch,
+)
 from .interpreter import run_interpreted
 
 FP8 = torch.float8_e4m3fn
@@ -47,3 +56,18 @@ def test_triton_fp8_matches_torch_ref(batch: str, heads: str, dtype: str, scales
         kv_dtype=FP8, kv_scales=SCALES[scales],
     )  # fmt: skip
     compare_with_ref("triton", b, h.q)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("scales", sorted(SCALES))
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("heads", ["gqa3_d64", "gqa4_d128"])
+def test_triton_fp8_decode_stores_the_new_token(heads: str, dtype: str, scales: str, qk_norm: bool) -> None:
+    """The decode kernel quantizes the new K/V into the fp8 pool as ``rope_store_`` does, and
+    attends to the quantized values (through the backend, with RoPE tables)."""
+    check_decode_new_kv(
+        [0, 63, 64, 127, 128, 17, 300, 1000], HEADS[heads], dtype=DTYPES[dtype], device="cuda", seed=5,
+        qk_norm=qk_norm, kv_dtype=FP8, kv_scales=SCALES[scales], via_backend=True,
+    )  # fmt: skip
