@@ -55,6 +55,9 @@ _MIN_SPLITS_FULL = 2  # head dim 128, from _TARGET_PROGRAMS_WIDE (request, KV he
 _WIDE_TILE = (128, 4, 2)  # head dim 128, 16-bit K/V: keys a loop step, warps, stages
 _WIDE_TILE_MIN_PAIRS = 512  # ... from this many (request, KV head) pairs (not measured better below)
 _MERGE_GROUPED_MIN_PAIRS = 132  # (request, KV head) pairs from which a merge program takes a whole group
+# With the step's token in the decode kernel (NewTokenKV), grids of fewer (request, KV head) pairs
+# than this read their first block of keys before the PDL wait (0: never; read at import).
+_PREFETCH_MAX_PAIRS = int(os.environ.get("PHLOEM_DECODE_PREFETCH_PAIRS", "132"))
 # The decode split kernel's program order (see decode_attention); read once, at import.
 _HEADS_FIRST = os.environ.get("PHLOEM_DECODE_ORDER", "heads") != "requests"
 
@@ -72,6 +75,17 @@ def _attend_block(
     holds K's dequantization scale and the caller applies V's to the final output.
     """
     n_mask = tl.max(valid.to(tl.int32), 0) > 0  # [N] keys any row may see
+    k, v = _load_kv(
+        k_ptr, v_ptr, slots, n_mask, kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask
+    )
+    return _attend_tile(q, m_i, l_i, acc, k, v, valid, sm_scale, FP32_DOT)
+
+
+@triton.jit
+def _load_kv(
+    k_ptr, v_ptr, slots, n_mask, kv_head, stride_kt, stride_kh, stride_vt, stride_vh, offs_d, d_mask
+):
+    """The ``[N, BLOCK_D]`` K and V tiles of a block of slots (zeros where ``n_mask`` is off)."""
     kv_mask = n_mask[:, None] & d_mask[None, :]
     k = tl.load(
         k_ptr + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0
@@ -79,6 +93,12 @@ def _attend_block(
     v = tl.load(
         v_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0
     )
+    return k, v
+
+
+@triton.jit
+def _attend_tile(q, m_i, l_i, acc, k, v, valid, sm_scale, FP32_DOT: tl.constexpr):
+    """:func:`_attend_block` on K/V tiles already loaded."""
     if FP32_DOT:
         s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision="ieee")
     else:
@@ -192,6 +212,7 @@ def _decode_split_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr,
     HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, QUANT: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # grid: (requests, kv heads, splits), or (kv heads, requests, splits) with HEADS_FIRST; one
     # program serves all GROUP query heads of its KV head. With ROPE the step's token is not in
@@ -199,7 +220,8 @@ def _decode_split_kernel(
     # HAS_NORM); the program whose split holds the new key starts its softmax from it, from
     # registers, and writes its K and V to the pool (fp8 with QUANT), as rope_store_ would have.
     pdl_trigger(PDL)
-    pdl_wait(PDL)
+    if not PREFETCH:
+        pdl_wait(PDL)
     if HEADS_FIRST:
         kv_head = tl.program_id(0)
         b = tl.program_id(1)
@@ -217,6 +239,20 @@ def _decode_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     h_mask = offs_h < GROUP
     d_mask = offs_d < HEAD_DIM
+    if ROPE:
+        holds_new = (start <= seq_len - 1) & (seq_len - 1 < end)
+        end = tl.minimum(end, seq_len - 1)  # the pool's keys
+    if PREFETCH:
+        # With ROPE no kernel of this step writes what the pool's keys of this split are read
+        # from (the step's token is written here, after the wait): the lengths and slots come
+        # from the step's inputs, the keys from earlier steps. So the first block is read
+        # before the wait (PDL), while the kernels before this one still run.
+        offs_n0 = start + tl.arange(0, BLOCK_N)
+        in_row0 = offs_n0 < end
+        slots0 = tl.load(req_to_token_ptr + row * stride_rtt + offs_n0, mask=in_row0, other=0)
+        k0, v0 = _load_kv(k_ptr, v_ptr, slots0, in_row0, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
+                          offs_d, d_mask)  # fmt: skip
+        pdl_wait(PDL)
     heads = kv_head * GROUP + offs_h
     q_tile = q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     if ROPE:
@@ -249,7 +285,7 @@ def _decode_split_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     if ROPE:
-        if (start <= seq_len - 1) & (seq_len - 1 < end):  # this split holds the new key
+        if holds_new:
             # the softmax starts from it (nothing of it stays live through the loop), with the
             # loop's roundings: key and value as the pool holds them, in the dot's dtype; p = 1
             m_i = tl.sum(q.to(tl.float32) * nk.to(q.dtype).to(tl.float32)[None, :], 1) * qk_scale
@@ -259,7 +295,10 @@ def _decode_split_kernel(
             slot = tl.load(slots_ptr + b).to(tl.int64)
             tl.store(k_ptr + slot * stride_kt + kv_head * stride_kh + offs_d, nk, mask=d_mask)
             tl.store(v_ptr + slot * stride_vt + kv_head * stride_vh + offs_d, nv, mask=d_mask)
-        end = tl.minimum(end, seq_len - 1)  # the pool's keys
+    if PREFETCH:
+        valid0 = in_row0[None, :] & (offs_h[:, None] >= 0)  # [H, N]
+        m_i, l_i, acc = _attend_tile(q, m_i, l_i, acc, k0, v0, valid0, qk_scale, FP32_DOT)
+        start += BLOCK_N
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         in_row = offs_n < end
@@ -501,6 +540,7 @@ def decode_attention(
     heads_first: bool | None = None,
     merge_grouped: bool | None = None,
     new_kv: NewTokenKV | None = None,
+    prefetch: bool | None = None,
 ) -> torch.Tensor:
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
@@ -539,6 +579,12 @@ def decode_attention(
     ``q`` in registers (``q`` itself is left as it is), takes the new key and value from
     ``new_kv`` rather than from the pool, and writes them to their slots. The result is the one
     of ``rope_store_`` followed by this function to the rounding of the rotation.
+
+    ``prefetch`` (with ``new_kv`` only; default: below ``PHLOEM_DECODE_PREFETCH_PAIRS``, 132,
+    (request, KV head) pairs): a split program reads its first block of keys before its PDL wait,
+    while the kernels before it still run. With ``new_kv`` nothing of that block is written in the
+    step, and at a few pairs each program's chain of loads (length, slots, keys) is what the step
+    waits on. Changes no result.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -556,6 +602,9 @@ def decode_attention(
         heads_first = _HEADS_FIRST
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
     has_norm = False
+    if prefetch is None:
+        prefetch = batch * num_kv_heads < _PREFETCH_MAX_PAIRS
+    prefetch = prefetch and new_kv is not None
     if new_kv is not None:
         new_kv.check(q, k_buf, v_buf, k_scale, v_scale)
         has_norm = new_kv.qk_norm is not None
@@ -576,6 +625,7 @@ def decode_attention(
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32, PDL=pdl,
         HEADS_FIRST=heads_first, ROPE=new_kv is not None, HAS_NORM=has_norm, QUANT=new_kv is not None and fp8,
+        PREFETCH=prefetch,
         num_warps=num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2),
         num_stages=num_stages or (_WIDE_TILE[2] if wide else 3 if block_d >= 128 and not fp32 else 2),
         **launch_kwargs(pdl),

@@ -324,6 +324,11 @@ def check_decode_new_kv(
         out = decode_attention(
             b.q, k_buf, v_buf, torch.empty_like(b.q), part_o, part_lse, new_kv=new_kv, **kw
         )
+        for prefetch in (False, True):  # the first block read before the PDL wait or after it
+            again = decode_attention(
+                b.q, k_buf, v_buf, torch.empty_like(b.q), part_o, part_lse, new_kv=new_kv, prefetch=prefetch, **kw
+            )  # fmt: skip
+            assert torch.equal(again, out), f"prefetch={prefetch} changed the decode output"
         q = b.q.clone()
         pk, pv = plain_pool.get_kv(0)
         rope_store_(q, b.k, b.v, *cos_sin, pk, pv, slots, qk_norm=norm, k_scale=k_scale, v_scale=v_scale)
