@@ -35,7 +35,7 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
-from phloem.runtime.layers.fused_triton import _to_fp8
+from phloem.runtime.layers.fused_triton import check_kv_write, to_fp8
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = [
@@ -270,8 +270,8 @@ def _decode_split_kernel(
             nv_ptr + b.to(tl.int64) * stride_nvt + kv_head * stride_nvh + offs_d, mask=d_mask, other=0.0
         )
         if QUANT:  # what the pool will hold, and what a later step reads back
-            nk = _to_fp8(nk, k_scale, k_ptr.dtype.element_ty)
-            nv = _to_fp8(nv, v_scale, v_ptr.dtype.element_ty)
+            nk = to_fp8(nk, k_scale, k_ptr.dtype.element_ty)
+            nv = to_fp8(nv, v_scale, v_ptr.dtype.element_ty)
         nk = nk.to(k_ptr.dtype.element_ty)
         nv = nv.to(v_ptr.dtype.element_ty)
     else:
@@ -465,25 +465,10 @@ class NewTokenKV(NamedTuple):
     def check(
         self, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, k_scale: float, v_scale: float
     ) -> None:
-        """Raise ``ValueError`` unless these tensors fit ``q`` and the pool."""
-        b, _, d = q.shape
-        if self.k.shape != (b, k_buf.shape[1], d) or self.v.shape != self.k.shape or d % 2:
-            raise ValueError(f"new k {tuple(self.k.shape)}, v {tuple(self.v.shape)} for q {tuple(q.shape)}")
-        if self.cos.shape[0] != b or self.cos.shape[-1] != d // 2 or self.sin.shape != self.cos.shape:
-            raise ValueError(f"cos/sin {tuple(self.cos.shape)} for {b} tokens of head size {d}")
-        if self.slots.shape != (b,):
-            raise ValueError(f"slots {tuple(self.slots.shape)} for {b} tokens")
-        fp8 = k_buf.dtype == torch.float8_e4m3fn
-        if not fp8 and (k_buf.dtype != self.k.dtype or v_buf.dtype != self.v.dtype):
-            raise ValueError(f"a {k_buf.dtype} pool does not hold new k/v of {self.k.dtype}")
-        if fp8 and (v_buf.dtype != k_buf.dtype or k_scale <= 0 or v_scale <= 0):
-            raise ValueError(
-                f"an fp8 pool needs fp8 K and V buffers and positive scales, got {k_scale}, {v_scale}"
-            )
-        if any(x.stride(-1) != 1 for x in (q, self.k, self.v, self.cos, self.sin)):
-            raise ValueError("q, the new k/v and cos/sin need a contiguous last axis")
-        if self.qk_norm is not None and any(w.shape != (d,) or w.stride(-1) != 1 for w in self.qk_norm[:2]):
-            raise ValueError(f"q/k norm weights must be contiguous [{d}]")
+        """Raise ``ValueError`` unless these tensors fit ``q`` and the pool (as ``rope_store_``'s)."""
+        check_kv_write(
+            q, self.k, self.v, self.cos, self.sin, k_buf, v_buf, self.slots, self.qk_norm, k_scale, v_scale
+        )
 
 
 def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int) -> int:

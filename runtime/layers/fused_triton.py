@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
-__all__ = ["add_rmsnorm", "rmsnorm", "rope_", "rope_store_", "silu_and_mul"]
+__all__ = ["add_rmsnorm", "check_kv_write", "rmsnorm", "rope_", "rope_store_", "silu_and_mul", "to_fp8"]
 
 
 @triton.jit
@@ -86,7 +86,7 @@ def _rotate_heads(base, stride_h, dst, stride_dst_h, cos, sin, offs_d, d_mask, N
     in place); ``cos``/``sin``: ``[1, BLOCK_HALF]``. With ``HAS_NORM`` each head is first
     RMS-normalized with weight ``w_ptr`` ``[2 * HALF]`` and rounded to the dtype, as the separate
     norm would store it. With ``QUANT`` ``dst`` is fp8: the rotated values are rounded to the
-    activation dtype first, then stored as :func:`_to_fp8` of them (``KVPool.set_kv``'s rounding)."""
+    activation dtype first, then stored as :func:`to_fp8` of them (``KVPool.set_kv``'s rounding)."""
     offs_h = tl.arange(0, BLOCK_H)
     mask = (offs_h < N_HEADS)[:, None] & d_mask[None, :]
     lo = base + offs_h[:, None] * stride_h + offs_d[None, :]  # [BLOCK_H, BLOCK_HALF]
@@ -103,14 +103,14 @@ def _rotate_heads(base, stride_h, dst, stride_dst_h, cos, sin, offs_d, d_mask, N
     y1 = (x1 * cos - x2 * sin).to(dtype)
     y2 = (x2 * cos + x1 * sin).to(dtype)
     if QUANT:
-        y1 = _to_fp8(y1, scale, dst.dtype.element_ty)
-        y2 = _to_fp8(y2, scale, dst.dtype.element_ty)
+        y1 = to_fp8(y1, scale, dst.dtype.element_ty)
+        y2 = to_fp8(y2, scale, dst.dtype.element_ty)
     tl.store(out, y1, mask=mask)
     tl.store(out + HALF, y2, mask=mask)
 
 
 @triton.jit
-def _to_fp8(x, scale, fp8_dtype: tl.constexpr):
+def to_fp8(x, scale, fp8_dtype: tl.constexpr):
     """``fp8(clamp(x / scale, -448, 448))`` with a correctly rounded division: the rounding of
     ``KVPool._quantize`` (torch divides exactly and converts to nearest-even)."""
     y = tl.math.div_rn(x.to(tl.float32), scale)
@@ -174,7 +174,7 @@ def _rope_store_kernel(
     v = tl.load(v_ptr + t * stride_vt + offs_h[:, None] * stride_vh + offs_v[None, :], mask=mask, other=0.0)
     dst = v_buf_ptr + slot * stride_vbt + offs_h[:, None] * stride_vbh + offs_v[None, :]
     if QUANT:
-        v = _to_fp8(v, v_scale, v_buf_ptr.dtype.element_ty)
+        v = to_fp8(v, v_scale, v_buf_ptr.dtype.element_ty)
     tl.store(dst, v.to(v_buf_ptr.dtype.element_ty), mask=mask)
 
 
@@ -288,6 +288,46 @@ def rope_(
     return q, k
 
 
+def check_kv_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    slots: torch.Tensor,
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float] | None,
+    k_scale: float,
+    v_scale: float,
+) -> None:
+    """Raise ``ValueError`` unless ``q``, ``k``, ``v`` ``[T, H, D]`` (``D`` even), their RoPE
+    tables ``[T, 1, D/2]``, ``slots`` ``[T]`` and the norm weights fit a fused rotate-and-store into
+    the pool ``k_buf``/``v_buf`` (of ``k``'s dtype, or fp8 with positive scales), every tensor with a
+    contiguous last axis. Shared by :func:`rope_store_` and the decode kernel that does the same
+    (``triton_kernels.NewTokenKV``)."""
+    t, _, dim = q.shape
+    if k.shape != v.shape or k.shape[0] != t or k.shape[2] != dim or dim % 2:
+        raise ValueError(
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need [T, H, D], D even"
+        )
+    quant = k_buf.dtype == torch.float8_e4m3fn
+    if quant and (v_buf.dtype != k_buf.dtype or k_scale <= 0 or v_scale <= 0):
+        raise ValueError(
+            f"an fp8 pool needs fp8 K and V buffers and positive scales, got {k_scale}, {v_scale}"
+        )
+    if (not quant and (k_buf.dtype != k.dtype or v_buf.dtype != v.dtype)) or k_buf.shape[1:] != k.shape[1:]:
+        raise ValueError(
+            f"pool {tuple(k_buf.shape)} {k_buf.dtype} does not hold k {tuple(k.shape)} {k.dtype}"
+        )
+    if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin, k_buf, v_buf)):
+        raise ValueError("a fused rotate-and-store needs a contiguous last axis on every tensor")
+    if cos.shape[0] != t or cos.shape[-1] != dim // 2 or sin.shape != cos.shape or slots.shape != (t,):
+        raise ValueError(f"cos/sin {tuple(cos.shape)} or slots {tuple(slots.shape)} do not match {t} tokens")
+    if qk_norm is not None and any(w.shape != (dim,) or w.stride(-1) != 1 for w in qk_norm[:2]):
+        raise ValueError(f"q/k norm weights must be contiguous [{dim}]")
+
+
 def rope_store_(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -316,23 +356,8 @@ def rope_store_(
     t, num_q, dim = q.shape
     num_k = k.shape[1]
     half = dim // 2
-    if k.shape != v.shape or k.shape[0] != t or k.shape[2] != dim or dim % 2:
-        raise ValueError(
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: need [T, H, D], D even"
-        )
+    check_kv_write(q, k, v, cos, sin, k_buf, v_buf, slots, qk_norm, k_scale, v_scale)
     quant = k_buf.dtype == torch.float8_e4m3fn
-    if quant and (v_buf.dtype != k_buf.dtype or k_scale <= 0 or v_scale <= 0):
-        raise ValueError(f"an fp8 pool needs fp8 K and V buffers and positive scales, got {k_scale}, {v_scale}")
-    if (not quant and (k_buf.dtype != k.dtype or v_buf.dtype != v.dtype)) or k_buf.shape[1:] != k.shape[1:]:
-        raise ValueError(
-            f"pool {tuple(k_buf.shape)} {k_buf.dtype} does not hold k {tuple(k.shape)} {k.dtype}"
-        )
-    if any(x.stride(-1) != 1 for x in (q, k, v, cos, sin, k_buf, v_buf)):
-        raise ValueError("rope_store_ needs a contiguous last axis on every tensor")
-    if cos.shape[0] != t or cos.shape[-1] != half or sin.shape != cos.shape or slots.shape != (t,):
-        raise ValueError(f"cos/sin {tuple(cos.shape)} or slots {tuple(slots.shape)} do not match {t} tokens")
-    if qk_norm is not None and any(w.shape != (dim,) or w.stride(-1) != 1 for w in qk_norm[:2]):
-        raise ValueError(f"q/k norm weights must be contiguous [{dim}]")
     if t == 0:
         return q
     q_w, k_w, eps = qk_norm if qk_norm is not None else (q, q, 0.0)  # unused pointers without a norm
