@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 from phloem.runtime.layers.l2_prefetch import BUDGET_ENV, budget_bytes, lanes, plan_spans, prefetch_table
 
 
