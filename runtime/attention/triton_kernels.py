@@ -59,10 +59,6 @@ _MERGE_GROUPED_MIN_PAIRS = 132  # (request, KV head) pairs from which a merge pr
 # With the step's token in the decode kernel (NewTokenKV), grids of fewer (request, KV head) pairs
 # than this read their first block of keys before the PDL wait (0: never; read at import).
 _PREFETCH_MAX_PAIRS = int(os.environ.get("PHLOEM_DECODE_PREFETCH_PAIRS", "132"))
-# A split program prefetches its share of the next weights (l2_table) only while the launch's K/V,
-# at its request's length for every request, stays under this: more would stream through L2 and
-# evict the prefetched lines before the projection reads them.
-_L2_MAX_KV_BYTES = 8 << 20
 # The decode split kernel's program order (see decode_attention); read once, at import.
 _HEADS_FIRST = os.environ.get("PHLOEM_DECODE_ORDER", "heads") != "requests"
 
@@ -212,7 +208,7 @@ def _decode_split_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
     sm_scale, k_scale, v_scale,
     nk_ptr, nv_ptr, cos_ptr, sin_ptr, slots_ptr, qn_ptr, kn_ptr, eps,
-    stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_cos, stride_sin, l2_ptr, l2_n, l2_max_keys,
+    stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_cos, stride_sin, l2_ptr, l2_n,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr,
@@ -264,9 +260,8 @@ def _decode_split_kernel(
         pdl_wait(PDL)
     if L2_LANES > 0:
         # the projection before this kernel has finished streaming its weights: HBM would idle
-        # through the attention, so it brings the next ones into L2 meanwhile; not past a context
-        # whose K/V would stream through L2 and evict them before they are read
-        l2_prefetch(l2_addr, l2_size, l2_live & (seq_len <= l2_max_keys).to(tl.int32))
+        # through the attention, so it brings the next ones into L2 meanwhile
+        l2_prefetch(l2_addr, l2_size, l2_live)
     heads = kv_head * GROUP + offs_h
     q_tile = q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     if ROPE:
@@ -589,8 +584,7 @@ def decode_attention(
     ``l2_table``: spans of the weights read after this attention
     (:func:`~phloem.runtime.layers.l2_prefetch.prefetch_table`), which the split programs bring
     into L2 after their PDL wait, each its share; HBM is otherwise idle while a few requests'
-    attention runs. A program whose request is long enough that the launch's K/V (at that length
-    for every request) would pass 8 MiB skips its share. Needs PDL (without it the kernel before this one may still be streaming when
+    attention runs. Needs PDL (without it the kernel before this one may still be streaming when
     the prefetch would start, and it is ignored). Changes no result.
     """
     batch, num_q_heads, head_dim = q.shape
@@ -621,10 +615,9 @@ def decode_attention(
         nk = nv = cos = sin = slots = qn = kn = q
         eps = 0.0
     warps = num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2)
-    l2_lanes = l2_max_keys = 0
+    l2_lanes = 0
     if l2_table is not None and pdl:
         l2_lanes = lanes(l2_table.shape[0], grid[0] * grid[1] * grid[2], warps)
-        l2_max_keys = _L2_MAX_KV_BYTES // (batch * num_kv_heads * head_dim * 2 * k_buf.element_size())
     else:
         l2_table = seq_lens  # unused pointer
     _decode_split_kernel[grid](
@@ -635,7 +628,7 @@ def decode_attention(
         sm_scale, k_scale, v_scale,
         nk, nv, cos, sin, slots, qn, kn, eps,
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0), sin.stride(0),
-        l2_table, l2_table.shape[0], l2_max_keys,
+        l2_table, l2_table.shape[0],
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32, PDL=pdl,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from phloem.runtime.layers.l2_prefetch import BUDGET_ENV, budget_bytes, lanes, plan_spans, prefetch_table
 
 
