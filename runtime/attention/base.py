@@ -63,12 +63,6 @@ class AttentionBackend(ABC):
         self.scale = kv_pool.head_dim**-0.5
         self.mode = ForwardMode.IDLE
 
-    def set_next_weights(self, weights: dict[int, list[torch.Tensor]]) -> None:
-        """The weights each layer reads right after its attention, in the order it reads them
-        (the output projection, then the MLP's); a backend may prefetch them while its attention
-        runs. Called once by the model runner, before any graph is captured. Ignored here."""
-        del weights
-
     @abstractmethod
     def init_metadata(self, forward_input: ForwardInput) -> None:
         """Prepare per-batch indices for ``forward_input`` (already on the backend's device).

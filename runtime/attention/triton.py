@@ -27,7 +27,6 @@ from phloem.runtime.attention.triton_kernels import (
 from phloem.runtime.executor.forward_io import ForwardMode
 from phloem.runtime.layers.fused_triton import rope_store_
 from phloem.runtime.layers.fusion import use_fused
-from phloem.runtime.layers.l2_prefetch import budget_bytes, prefetch_table
 
 if TYPE_CHECKING:
     from phloem.runtime.executor.forward_io import ForwardInput
@@ -38,9 +37,6 @@ __all__ = ["ROPE_IN_DECODE", "TritonBackend"]
 # rather than in ``rope_store_`` before it; ``PHLOEM_DECODE_ROPE=0`` keeps the separate kernel
 # (A/B measurement). Read at import; a captured graph keeps the path it was captured with.
 ROPE_IN_DECODE = os.environ.get("PHLOEM_DECODE_ROPE", "1") != "0"
-# Decode batches of fewer (request, KV head) pairs than this prefetch each layer's next weights
-# into L2 during its attention (``set_next_weights``); larger ones stream K/V through that time.
-L2_PREFETCH_MAX_PAIRS = int(os.environ.get("PHLOEM_DECODE_L2_PAIRS", "132"))
 
 
 class TritonBackend(AttentionBackend):
@@ -51,14 +47,6 @@ class TritonBackend(AttentionBackend):
     _contig = False  # whether that ``rotate`` also left k rotated in place, for the contiguous kernel
     _new_kv: NewTokenKV | None = None  # a decode layer's token, for the decode kernel to rotate and store
     key_pairs: tuple[int, int] | None = None  # the extend batch's (prefix, new) query-key pairs
-    _l2_tables: dict[int, torch.Tensor] = {}  # layer -> spans of its weights after attention
-
-    def set_next_weights(self, weights: dict[int, list[torch.Tensor]]) -> None:
-        """Tables of the spans a small decode batch's attention prefetches into L2
-        (:func:`~phloem.runtime.layers.l2_prefetch.prefetch_table`, ``PHLOEM_DECODE_L2_MB``)."""
-        budget = budget_bytes()
-        tables = {layer: prefetch_table(ws, budget) for layer, ws in weights.items()} if budget else {}
-        self._l2_tables = {layer: t for layer, t in tables.items() if t is not None}
 
     def init_metadata(self, forward_input: ForwardInput) -> None:
         fi = forward_input
@@ -161,12 +149,9 @@ class TritonBackend(AttentionBackend):
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         k_scale, v_scale = self.kv_pool.get_kv_scales(layer)
         out = q.new_empty(q.shape)
-        l2 = None
-        if q.shape[0] * self.kv_pool.num_kv_heads < L2_PREFETCH_MAX_PAIRS:
-            l2 = self._l2_tables.get(layer)
         return decode_attention(
             q, k_buf, v_buf, out, self.part_o, self.part_lse,
             req_to_token=self.req_to_token_pool.req_to_token,
             req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens, sm_scale=self.scale,
-            k_scale=k_scale, v_scale=v_scale, new_kv=new_kv, l2_table=l2,
+            k_scale=k_scale, v_scale=v_scale, new_kv=new_kv,
         )  # fmt: skip

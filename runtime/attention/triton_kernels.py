@@ -36,7 +36,6 @@ import torch
 import triton
 import triton.language as tl
 from phloem.runtime.layers.fused_triton import check_kv_write, to_fp8
-from phloem.runtime.layers.l2_prefetch import l2_prefetch, l2_spans, lanes
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = [
@@ -208,12 +207,12 @@ def _decode_split_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_rtt,
     sm_scale, k_scale, v_scale,
     nk_ptr, nv_ptr, cos_ptr, sin_ptr, slots_ptr, qn_ptr, kn_ptr, eps,
-    stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_cos, stride_sin, l2_ptr, l2_n,
+    stride_nkt, stride_nkh, stride_nvt, stride_nvh, stride_cos, stride_sin,
     NUM_Q_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_H: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr, FP32_DOT: tl.constexpr, F16_DOT: tl.constexpr, PDL: tl.constexpr,
     HEADS_FIRST: tl.constexpr, ROPE: tl.constexpr, HAS_NORM: tl.constexpr, QUANT: tl.constexpr,
-    PREFETCH: tl.constexpr, L2_LANES: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):  # fmt: skip
     # grid: (requests, kv heads, splits), or (kv heads, requests, splits) with HEADS_FIRST; one
     # program serves all GROUP query heads of its KV head. With ROPE the step's token is not in
@@ -221,10 +220,6 @@ def _decode_split_kernel(
     # HAS_NORM); the program whose split holds the new key starts its softmax from it, from
     # registers, and writes its K and V to the pool (fp8 with QUANT), as rope_store_ would have.
     pdl_trigger(PDL)
-    if L2_LANES > 0:  # this program's spans of the weights read after the attention (a fixed table)
-        pid = (tl.program_id(2) * tl.num_programs(1) + tl.program_id(1)) * tl.num_programs(0) + tl.program_id(0)
-        nprog = tl.num_programs(0) * tl.num_programs(1) * tl.num_programs(2)
-        l2_addr, l2_size, l2_live = l2_spans(l2_ptr, l2_n, pid, nprog, L2_LANES)
     if not PREFETCH:
         pdl_wait(PDL)
     if HEADS_FIRST:
@@ -258,10 +253,6 @@ def _decode_split_kernel(
         k0, v0 = _load_kv(k_ptr, v_ptr, slots0, in_row0, kv_head, stride_kt, stride_kh, stride_vt, stride_vh,
                           offs_d, d_mask)  # fmt: skip
         pdl_wait(PDL)
-    if L2_LANES > 0:
-        # the projection before this kernel has finished streaming its weights: HBM would idle
-        # through the attention, so it brings the next ones into L2 meanwhile
-        l2_prefetch(l2_addr, l2_size, l2_live)
     heads = kv_head * GROUP + offs_h
     q_tile = q_ptr + b.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :]
     if ROPE:
@@ -535,7 +526,6 @@ def decode_attention(
     merge_grouped: bool | None = None,
     new_kv: NewTokenKV | None = None,
     prefetch: bool | None = None,
-    l2_table: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
@@ -580,12 +570,6 @@ def decode_attention(
     while the kernels before it still run. With ``new_kv`` nothing of that block is written in the
     step, and at a few pairs each program's chain of loads (length, slots, keys) is what the step
     waits on. Changes no result.
-
-    ``l2_table``: spans of the weights read after this attention
-    (:func:`~phloem.runtime.layers.l2_prefetch.prefetch_table`), which the split programs bring
-    into L2 after their PDL wait, each its share; HBM is otherwise idle while a few requests'
-    attention runs. Needs PDL (without it the kernel before this one may still be streaming when
-    the prefetch would start, and it is ignored). Changes no result.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -614,12 +598,6 @@ def decode_attention(
     else:  # unused pointers
         nk = nv = cos = sin = slots = qn = kn = q
         eps = 0.0
-    warps = num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2)
-    l2_lanes = 0
-    if l2_table is not None and pdl:
-        l2_lanes = lanes(l2_table.shape[0], grid[0] * grid[1] * grid[2], warps)
-    else:
-        l2_table = seq_lens  # unused pointer
     _decode_split_kernel[grid](
         q, k_buf, v_buf, part_o, part_lse,
         req_to_token, req_pool_indices, seq_lens,
@@ -628,13 +606,12 @@ def decode_attention(
         sm_scale, k_scale, v_scale,
         nk, nv, cos, sin, slots, qn, kn, eps,
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0), sin.stride(0),
-        l2_table, l2_table.shape[0],
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
         NUM_SPLITS=num_splits, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32, PDL=pdl,
         HEADS_FIRST=heads_first, ROPE=new_kv is not None, HAS_NORM=has_norm, QUANT=new_kv is not None and fp8,
-        PREFETCH=prefetch, L2_LANES=l2_lanes,
-        num_warps=warps,
+        PREFETCH=prefetch,
+        num_warps=num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2),
         num_stages=num_stages or (_WIDE_TILE[2] if wide else 3 if block_d >= 128 and not fp32 else 2),
         **launch_kwargs(pdl),
     )  # fmt: skip

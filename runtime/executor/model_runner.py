@@ -171,10 +171,6 @@ class ModelRunner:
             backend_cls = get_attention_backend_class(backend_name)
         self.attn_backend = backend_cls(self.kv_pool, self.req_to_token_pool, num_heads=config.num_heads)
         self.attention_backend_name = backend_name
-        if self.device.type == "cuda":
-            from phloem.runtime.models.llama import weights_after_attention
-
-            self.attn_backend.set_next_weights(weights_after_attention(self.model))
         self._sampler = sampler
         self.cuda_graphs = None
         if (

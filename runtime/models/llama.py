@@ -117,22 +117,6 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp.down_proj(act), residual
 
 
-def weights_after_attention(model: nn.Module) -> dict[int, list[torch.Tensor]]:
-    """Per layer, the float weights read after its attention in a decode step, in order: the
-    output projection, gate/up, down (``AttentionBackend.set_next_weights``). A quantized
-    projection (no float weight) ends its layer's list."""
-    out: dict[int, list[torch.Tensor]] = {}
-    for layer in model.modules():
-        if isinstance(layer, LlamaDecoderLayer):
-            ws: list[torch.Tensor] = []
-            for proj in (layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-                if proj.weight is None:
-                    break
-                ws.append(proj.weight.detach())
-            out[layer.self_attn.layer_id] = ws
-    return out
-
-
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
