@@ -154,16 +154,20 @@ class WorkerClock:
 def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
     """Step until every request finished; per-step wall and CPU seconds (scheduler thread, and
     the forward worker's thread when it runs one)."""
-    walls, cpus = [], []
+    walls, cpus, per_token = [], [], []
     clock = getattr(s, "_worker_clock", None)
     worker_start = clock.seconds if clock is not None else 0.0
-    start_tokens = sum(len(r.output_ids) for r in reqs)
+    start_tokens = done = sum(len(r.output_ids) for r in reqs)
     t0 = time.perf_counter()
     while not all(r.finished for r in reqs):
         w, c = time.perf_counter(), time.thread_time()
         s.step()
         cpus.append(time.thread_time() - c)
         walls.append(time.perf_counter() - w)
+        now = sum(len(r.output_ids) for r in reqs)  # outside the timed step
+        if now > done:  # a step's wall over the tokens per request it delivered
+            per_token.append(walls[-1] * len(reqs) / (now - done))
+        done = now
         if hook is not None:
             hook()
     s.drain()
@@ -171,6 +175,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
     tokens = sum(len(r.output_ids) for r in reqs) - start_tokens
     in_order = [round(1e3 * w, 3) for w in walls]
     walls.sort()
+    per_token.sort()
     return {
         "steps": len(walls),
         "seconds": total,
@@ -183,6 +188,8 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
         if clock is not None
         else None,
         "tokens_per_step": tokens / len(walls),
+        # per decode step, comparable across launch shapes (a launch of K steps counts K times)
+        "decode_step_ms_median": 1e3 * per_token[len(per_token) // 2] if per_token else None,
         "step_wall_ms": in_order,
     }
 

@@ -98,3 +98,29 @@ def test_gemm_rows_grid_and_padded_envelope():
         64: (64, 4.0),
         80: (80, 7.0),
     }
+
+
+def test_step_profile_counts_a_launch_of_k_steps_k_times(monkeypatch):
+    """``step_profile.drive``: the per-decode-step median divides a scheduler step's wall time by
+    the decode steps it delivered (two requests, four steps a launch, one second a launch)."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpu import step_profile
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(
+        step_profile,
+        "time",
+        SimpleNamespace(perf_counter=lambda: float(next(ticks)), thread_time=lambda: 0.0),
+    )
+    reqs = [SimpleNamespace(output_ids=[], finished=False) for _ in range(2)]
+
+    def step():
+        for r in reqs:
+            r.output_ids.extend([0] * 4)
+            r.finished = len(r.output_ids) >= 12
+
+    out = step_profile.drive(SimpleNamespace(step=step, drain=lambda: None), reqs)
+    assert out["steps"] == 3 and out["decode_tokens"] == 24
+    assert out["step_wall_ms_median"] == 1000.0
+    assert out["decode_step_ms_median"] == 250.0
