@@ -42,6 +42,7 @@ class FinishReason:
     num_tokens: int | None = None  # the length limit, for kind == "length"
     message: str | None = None
     status_code: int | None = None  # for kind == "abort": the HTTP status that fits, if known
+    param: str | None = None  # for kind == "abort": the request field at fault (wire name), if known
     tail_chars: int = 0
     keep: int | None = None
 
@@ -56,12 +57,12 @@ class FinishReason:
         return cls("length", num_tokens=n, keep=keep)
 
     @classmethod
-    def abort(cls, message: str, *, status_code: int | None = None) -> FinishReason:
-        return cls("abort", message=message, status_code=status_code)
+    def abort(cls, message: str, *, status_code: int | None = None, param: str | None = None) -> FinishReason:
+        return cls("abort", message=message, status_code=status_code, param=param)
 
     def to_wire(self) -> dict[str, Any]:
         """``{"type": "stop", "matched": m}`` | ``{"type": "length", "length": n}`` |
-        ``{"type": "abort", "message": m}`` (plus ``"status_code"`` when known)."""
+        ``{"type": "abort", "message": m}`` (plus ``"status_code"`` and ``"param"`` when known)."""
         if self.kind == "stop":
             return {"type": "stop", "matched": self.matched}
         if self.kind == "length":
@@ -69,6 +70,8 @@ class FinishReason:
         wire: dict[str, Any] = {"type": "abort", "message": self.message}
         if self.status_code is not None:
             wire["status_code"] = self.status_code
+        if self.param is not None:
+            wire["param"] = self.param
         return wire
 
     @classmethod
@@ -79,7 +82,7 @@ class FinishReason:
         if kind == "length":
             return cls("length", num_tokens=d.get("length"))
         if kind == "abort":
-            return cls.abort(d.get("message") or "", status_code=d.get("status_code"))
+            return cls.abort(d.get("message") or "", status_code=d.get("status_code"), param=d.get("param"))
         raise ValueError(f"unknown finish reason type {kind!r}")
 
 

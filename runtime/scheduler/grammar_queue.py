@@ -2,7 +2,8 @@
 
 Compilation runs in the grammar manager's thread pool; the scheduler loop only polls futures, so
 a slow or hostile grammar never stalls it. A failed or timed-out compile finishes that request
-alone with an abort carrying the backend's message (HTTP 400 at the edge). The backend itself is
+alone with an abort carrying the backend's message and the field at fault
+(``sampling_params.regex``, ...; HTTP 400 at the edge, naming the client's field). The backend itself is
 built on the first constrained request, which is the start-up warm-up's where it runs (CUDA by
 default): importing and indexing a tokenizer costs seconds.
 """
@@ -14,6 +15,7 @@ import time
 from typing import Any
 
 import torch
+from phloem.runtime.sampling.params import PREFIX as SAMPLING_PREFIX
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.req import Req
 
@@ -91,7 +93,11 @@ class GrammarQueue:
                 req.grammar = self.manager.new_matcher(fut.result())
                 out.append(req)
             except Exception as e:
-                req.finish(FinishReason.abort(f"invalid grammar: {e}", status_code=400))
+                kind = req.params.grammar[0] if req.params.grammar else "grammar"
+                reason = FinishReason.abort(
+                    f"invalid grammar: {e}", status_code=400, param=f"{SAMPLING_PREFIX}.{kind}"
+                )
+                req.finish(reason)
                 scheduler.outputs.add(req)
         self.pending = still
         scheduler.outputs.flush()

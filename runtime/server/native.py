@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -20,7 +19,6 @@ from fastapi.responses import JSONResponse, Response
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.metrics import CONTENT_TYPE
 from phloem.runtime.sampling.params import MAX_N, SamplingParams
-from phloem.runtime.sampling.params import PREFIX as SAMPLING_PREFIX
 from phloem.runtime.server import sse
 from phloem.runtime.server.http_errors import ApiError, from_invalid_request, parse_body
 from phloem.runtime.server.protocol import (
@@ -37,6 +35,7 @@ from phloem.runtime.server.request_runner import (
     Output,
     RequestRun,
     abort_error,
+    openai_param,
     process_logprobs,
     raise_if_aborted,
     token_texter,
@@ -108,13 +107,6 @@ def from_wire(wire: dict[str, Any], *, names: dict[str, str] | None = None) -> S
     except InvalidRequest as exc:
         param = exc.field if names is None else openai_param(exc.field, names)
         raise ApiError(400, f"{param}: {exc.message}", param=param) from None
-
-
-def openai_param(field: str, names: dict[str, str]) -> str:
-    """``sampling_params.max_new_tokens[0]`` -> ``max_tokens[0]`` given ``{"max_new_tokens": "max_tokens"}``."""
-    rest = field.removeprefix(f"{SAMPLING_PREFIX}.")
-    base = re.split(r"[.\[]", rest, maxsplit=1)[0]
-    return names.get(base, base) + rest[len(base) :]
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> None:

@@ -24,7 +24,6 @@ from phloem.runtime.server.native import (
     MAX_N,
     check_token_ids,
     get_tm,
-    openai_param,
     require_serving,
     sampling_for_samples,
     served_model_name,
@@ -44,6 +43,7 @@ from phloem.runtime.server.request_runner import (
     RequestRun,
     abort_error,
     finish_reason,
+    openai_param,
     process_logprobs,
     raise_if_aborted,
     token_texter,
@@ -57,7 +57,14 @@ MAX_TOP_LOGPROBS = 20
 # SamplingParams field -> the OpenAI field a client sent, for error messages.
 WIRE_TO_OPENAI = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
 COMPLETION_NAMES = {**WIRE_TO_OPENAI, "text": "prompt", "input_ids": "prompt"}
-CHAT_NAMES = {**WIRE_TO_OPENAI, "text": "messages", "input_ids": "messages", "json_schema": "response_format"}
+# a chat's structural tag comes only from its tools (a forced call): the tools' schemas are at fault
+CHAT_NAMES = {
+    **WIRE_TO_OPENAI,
+    "text": "messages",
+    "input_ids": "messages",
+    "json_schema": "response_format",
+    "structural_tag": "tools",
+}
 # OpenAI (or extra) field -> SamplingParams wire name, copied when not None.
 _SAMPLING_FIELDS = {
     "temperature": "temperature",
@@ -168,14 +175,14 @@ async def _finals(run: RequestRun, tm: Any, names: dict[str, str]) -> list[Outpu
         raise _api_error(exc, tm, names) from None
     finally:
         run.close()
-    raise_if_aborted(outs, tm.health())
+    raise_if_aborted(outs, tm.health(), names)
     return outs
 
 
 async def _prime(run: RequestRun, tm: Any, names: dict[str, str]) -> bool:
     """Wait for every request's first output; False when the client went away."""
     try:
-        await run.prime()
+        await run.prime(names)
     except ClientDisconnected:
         return False
     except Exception as exc:
@@ -190,7 +197,7 @@ async def _events(
     """The run's events; an error (exception or abort) is yielded as an ``ApiError`` and ends it."""
     try:
         async for index, out in run.events():
-            err = abort_error(out, tm.health()) if out is not None else None
+            err = abort_error(out, tm.health(), names) if out is not None else None
             if err is not None:
                 yield err
                 return

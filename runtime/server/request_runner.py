@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
+from phloem.runtime.sampling.params import PREFIX as SAMPLING_PREFIX
 from phloem.runtime.server.http_errors import ApiError
 from phloem.runtime.tokenizer.request import GenerateRequest
 from starlette.requests import Request
@@ -102,17 +104,22 @@ class RequestRun:
             return self._buffer.popleft()
         return await self._next_raw()
 
-    async def prime(self) -> None:
+    async def prime(self, names: dict[str, str] | None = None) -> None:
         """Wait until every request has produced something (or raised), before any byte is sent.
 
-        Request errors found at tokenization then become a proper HTTP 4xx instead of an error event
-        inside a 200 stream.
+        Request errors found at tokenization, or by the engine before the first token (a grammar
+        that does not compile: an abort with a 4xx status), then become a proper HTTP 4xx instead
+        of an error event inside a 200 stream. ``names``: as for :func:`abort_error`.
         """
         seen: set[int] = set()
         while len(seen) < self.size:
             event = await self._next_raw()
             self._buffer.append(event)
             seen.add(event[0])
+        for _, out in self._buffer:
+            err = abort_error(out, "serving", names) if out is not None else None
+            if err is not None and 400 <= err.status < 500:
+                raise err
 
     async def events(self) -> AsyncIterator[Event]:
         """Every output until all requests are done (the end-of-request ``None`` events included)."""
@@ -147,26 +154,40 @@ def finish_reason(out: Output) -> dict[str, Any] | None:
     return (out.get("meta_info") or {}).get("finish_reason")
 
 
-def abort_error(out: Output, health: str) -> ApiError | None:
+def openai_param(field: str, names: dict[str, str]) -> str:
+    """``sampling_params.max_new_tokens[0]`` -> ``max_tokens[0]`` given ``{"max_new_tokens": "max_tokens"}``."""
+    rest = field.removeprefix(f"{SAMPLING_PREFIX}.")
+    base = re.split(r"[.\[]", rest, maxsplit=1)[0]
+    return names.get(base, base) + rest[len(base) :]
+
+
+def abort_error(out: Output, health: str, names: dict[str, str] | None = None) -> ApiError | None:
     """The HTTP error for an aborted request, or None if ``out`` did not abort.
 
     The engine may say which status fits (``status_code`` in the abort reason, as SGLang does: 400
     for a request error such as a grammar that does not compile); otherwise 503 while the server
-    shuts down or is broken, else 500.
+    shuts down or is broken, else 500. Where it also names the field at fault (``param``, a native
+    name such as ``sampling_params.regex``), the error names it, as the client's field given
+    ``names`` (the OpenAI routes' wire name -> client name, :func:`openai_param`).
     """
     reason = finish_reason(out)
     if not reason or reason.get("type") != "abort":
         return None
-    message = reason.get("message") or "request aborted"
+    message = str(reason.get("message") or "request aborted")
     status = reason.get("status_code")
     if not isinstance(status, int) or not 400 <= status < 600:
         status = 503 if health in ("shutting_down", "broken") else 500
-    return ApiError(status, str(message), param=reason.get("param"))
+    param = reason.get("param")
+    if not isinstance(param, str) or not param:
+        return ApiError(status, message)
+    if names is not None:
+        param = openai_param(param, names)
+    return ApiError(status, f"{param}: {message}", param=param)
 
 
-def raise_if_aborted(outs: Sequence[Output], health: str) -> None:
+def raise_if_aborted(outs: Sequence[Output], health: str, names: dict[str, str] | None = None) -> None:
     for out in outs:
-        err = abort_error(out, health)
+        err = abort_error(out, health, names)
         if err is not None:
             raise err
 

@@ -35,7 +35,9 @@ HOSTILE: dict[str, dict[str, str]] = {
 
 def _post_generate(url: str, grammar: dict[str, str]) -> requests.Response:
     params = {"max_new_tokens": 8, "temperature": 0, **grammar}
-    return requests.post(url + "/generate", json={"text": "Answer:", "sampling_params": params}, timeout=TIMEOUT)
+    return requests.post(
+        url + "/generate", json={"text": "Answer:", "sampling_params": params}, timeout=TIMEOUT
+    )
 
 
 def _assert_refused_or_clean_abort(resp: requests.Response) -> None:
@@ -61,12 +63,38 @@ def test_hostile_grammar_is_refused_and_server_stays_healthy(server, name):
 
 
 @pytest.mark.parametrize(
-    "name", ["nul_in_regex", "schema_1000_deep", "regex_10000_alternatives", "schema_not_json", "json_schema_and_regex"]
+    ("name", "field"),
+    [
+        ("nul_in_regex", "regex"),
+        ("schema_1000_deep", "json_schema"),
+        ("regex_10000_alternatives", "regex"),
+        ("schema_not_json", "json_schema"),
+        ("json_schema_and_regex", "regex"),
+    ],
 )
-def test_malformed_grammar_is_a_400_naming_the_problem(server, name):
+def test_malformed_grammar_is_a_400_naming_the_problem(server, name, field):
     resp = _post_generate(server.url, HOSTILE[name])
     assert resp.status_code == 400, resp.text[:500]
-    assert resp.json()["error"]["type"] == "invalid_request_error"
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert error["param"] == f"sampling_params.{field}" and error["message"].startswith(
+        f"sampling_params.{field}: "
+    )
+
+
+@pytest.mark.parametrize("stream", [False, True])
+@pytest.mark.parametrize(
+    ("field", "text"), [("regex", "(ab"), ("ebnf", "root ::= ("), ("json_schema", '{"type": "wat"}')]
+)
+def test_grammar_the_backend_rejects_is_a_400_naming_its_field(server, field, text, stream):
+    """Passes the server's checks, fails in the grammar backend's compiler (in the scheduler's
+    grammar queue, before the first token): a 400 naming the field, for a stream too."""
+    body = {"text": "Answer:", "stream": stream, "sampling_params": {"max_new_tokens": 8, field: text}}
+    resp = requests.post(server.url + "/generate", json=body, timeout=TIMEOUT)
+    assert resp.status_code == 400, resp.text[:500]
+    error = resp.json()["error"]
+    assert error["param"] == f"sampling_params.{field}", error
+    assert error["message"].startswith(f"sampling_params.{field}: invalid grammar: "), error
 
 
 def test_ebnf_left_recursion_aborts_cleanly_or_parses(server):
@@ -110,6 +138,7 @@ def test_response_format_with_invalid_schema_is_openai_400(server):
     error = resp.json()["error"]
     assert set(error) >= {"message", "type", "code", "param"}
     assert error["message"] and error["type"] == "invalid_request_error" and error["code"] == 400
+    assert error["param"] == "response_format" and error["message"].startswith("response_format: ")
 
 
 def test_pool_is_idle_after_hostile_requests(server):

@@ -6,7 +6,8 @@ Tokens are character codes (``"ab" -> [97, 98]``, BOS = 1 when special tokens ar
 Marker words in the prompt change the behaviour:
 
 - ``ABORTME``: finishes with an abort (no status code)
-- ``GRAMMARFAIL``: finishes with an abort carrying ``status_code`` 400
+- ``GRAMMARFAIL``: finishes before any token with an abort carrying ``status_code`` 400 and the
+  field at fault (``param``), as the scheduler's grammar queue does
 - ``BADPROMPT``: ``tm.generate`` raises ``InvalidRequest("text", ...)``
 - ``SLOW``: sleeps 50 ms per token (for disconnect and abort tests)
 - ``TOOLCALL``: the output is text then a tool call in the ``qwen`` format (``TOOL_TEXT``)
@@ -123,6 +124,9 @@ class FakeTokenizerManager:
     async def _run(self, req: GenerateRequest, rid: str, ids: list[int]) -> AsyncIterator[dict[str, Any]]:
         text = self.tokenizer.decode(ids)  # markers work for chat (ids) and text prompts alike
         out_ids = _echo(ids, req.sampling_params.max_new_tokens, text)
+        if "GRAMMARFAIL" in text:  # the grammar queue aborts before the first token
+            yield self._output(req, rid, ids, [], _finish(text, req, ids, []))
+            return
         slow = "SLOW" in text
         for k in range(1, len(out_ids) + 1):
             await asyncio.sleep(0.05 if slow else 0)
@@ -191,7 +195,12 @@ def _finish(text: str, req: GenerateRequest, ids: list[int], out_ids: list[int])
     if "ABORTME" in text:
         return {"type": "abort", "message": "engine failure: scheduler died"}
     if "GRAMMARFAIL" in text:
-        return {"type": "abort", "message": "json_schema: does not compile", "status_code": 400}
+        return {
+            "type": "abort",
+            "message": "invalid grammar: does not compile",
+            "status_code": 400,
+            "param": "sampling_params.json_schema",
+        }
     if req.sampling_params.max_new_tokens <= len(ids) and "TOOLCALL" not in text:
         return {"type": "length", "length": len(out_ids)}
     return {"type": "stop", "matched": EOS}

@@ -179,6 +179,24 @@ def test_request_error_at_tokenization_is_400_even_when_streaming():
         assert "context length" in r.json()["error"]["message"]
 
 
+def test_grammar_abort_names_the_grammar_field():
+    """The engine's abort for a grammar that does not compile names its field, in ``param`` and at
+    the start of the message; it comes before the first token, so a stream is refused with the
+    same 400 rather than opened (and the batch's other request goes with it)."""
+    client, tm = make_client()
+    for body in (
+        {"text": "GRAMMARFAIL"},
+        {"text": "GRAMMARFAIL", "stream": True},
+        {"text": ["fine", "GRAMMARFAIL"], "stream": True},
+    ):
+        r = client.post("/generate", json=body)
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()["error"]
+        assert err["param"] == "sampling_params.json_schema"
+        assert err["message"] == "sampling_params.json_schema: invalid grammar: does not compile"
+    assert not tm.running
+
+
 def test_request_error_from_engine_names_sampling_field():
     client, _ = make_client()
     r = client.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 5000}})

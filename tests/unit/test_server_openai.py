@@ -189,8 +189,32 @@ def test_aborted_chat_is_an_error(setup):
     oai, _ = setup
     with pytest.raises(openai.InternalServerError):
         oai.chat.completions.create(model="fake", messages=[{"role": "user", "content": "ABORTME"}])
-    with pytest.raises(openai.BadRequestError):
+    with pytest.raises(openai.BadRequestError) as info:
         oai.chat.completions.create(model="fake", messages=[{"role": "user", "content": "GRAMMARFAIL"}])
+    # the engine names sampling_params.json_schema; a chat client sent response_format
+    assert info.value.body["param"] == "response_format"
+    assert info.value.body["message"].startswith("response_format: ")
+
+
+def test_grammar_abort_refuses_a_chat_stream_with_400():
+    client, _ = make_client()
+    r = client.post(
+        "/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "GRAMMARFAIL"}], "stream": True, "max_tokens": 3},
+    )
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "response_format"
+
+
+def test_openai_param_maps_engine_fields_to_the_clients():
+    from phloem.runtime.server.openai_api import CHAT_NAMES, COMPLETION_NAMES
+    from phloem.runtime.server.request_runner import openai_param
+
+    assert openai_param("sampling_params.max_new_tokens", CHAT_NAMES) == "max_tokens"
+    assert openai_param("sampling_params.stop[1]", COMPLETION_NAMES) == "stop[1]"
+    assert openai_param("sampling_params.json_schema", CHAT_NAMES) == "response_format"
+    assert openai_param("sampling_params.structural_tag", CHAT_NAMES) == "tools"
+    assert openai_param("sampling_params.regex", COMPLETION_NAMES) == "regex"
 
 
 def test_aborted_stream_ends_with_error_event():

@@ -57,10 +57,17 @@ def test_finish_reason_wire_shapes():
         "message": "bad",
         "status_code": 400,
     }
+    assert FinishReason.abort("bad", status_code=400, param="sampling_params.regex").to_wire() == {
+        "type": "abort",
+        "message": "bad",
+        "status_code": 400,
+        "param": "sampling_params.regex",
+    }
     for r in (
         FinishReason.stop_matched("x"),
         FinishReason.length(3),
         FinishReason.abort("m", status_code=500),
+        FinishReason.abort("m", status_code=400, param="sampling_params.ebnf"),
     ):
         assert FinishReason.from_wire(r.to_wire()).to_wire() == r.to_wire()
 
