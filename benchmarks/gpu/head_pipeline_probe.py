@@ -27,6 +27,7 @@ import contextlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -204,15 +205,14 @@ def time_chain(chain: Chain, graph: bool, reps: int = 20) -> float:
         with torch.cuda.graph(g, stream=capture):
             chain.run()
         torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        g.replay() if g is not None else chain.run()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e))
-    return sorted(times)[len(times) // 2]
+    return median_ms(g.replay if g is not None else chain.run, reps)
+
+
+def median_ms(run: Callable[[], object], reps: int) -> float:
+    """Median ms of ``reps`` timed calls of ``run`` (after a warm-up)."""
+    from benchmarks.gpu.gemm_shapes import time_call
+
+    return time_call(run, reps) / 1e3
 
 
 def time_parts(chain: Chain, reps: int = 20) -> tuple[float, float]:
@@ -239,15 +239,7 @@ def time_parts(chain: Chain, reps: int = 20) -> tuple[float, float]:
         g = torch.cuda.CUDAGraph()
         with torch.cuda.graph(g):
             fn()
-        times = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            g.replay()
-            e.record()
-            e.synchronize()
-            times.append(s.elapsed_time(e))
-        res.append(sorted(times)[len(times) // 2])
+        res.append(median_ms(g.replay, reps))
     return res[0], res[1]
 
 
