@@ -3,9 +3,9 @@
 Compilation runs in the grammar manager's thread pool; the scheduler loop only polls futures, so
 a slow or hostile grammar never stalls it. A failed or timed-out compile finishes that request
 alone with an abort carrying the backend's message and the field at fault
-(``sampling_params.regex``, ...; HTTP 400 at the edge, naming the client's field). The backend itself is
-built on the first constrained request, which is the start-up warm-up's where it runs (CUDA by
-default): importing and indexing a tokenizer costs seconds.
+(``sampling_params.regex``, ...; HTTP 400 at the edge, naming the client's field). The backend
+itself is built on the first constrained request, which is the start-up warm-up's where it runs
+(CUDA by default): importing and indexing a tokenizer costs seconds.
 """
 
 from __future__ import annotations
@@ -93,11 +93,9 @@ class GrammarQueue:
                 req.grammar = self.manager.new_matcher(fut.result())
                 out.append(req)
             except Exception as e:
-                kind = req.params.grammar[0] if req.params.grammar else "grammar"
-                reason = FinishReason.abort(
-                    f"invalid grammar: {e}", status_code=400, param=f"{SAMPLING_PREFIX}.{kind}"
-                )
-                req.finish(reason)
+                kind, _ = req.params.grammar  # the queue holds constrained requests only
+                field = f"{SAMPLING_PREFIX}.{kind}"
+                req.finish(FinishReason.abort(f"invalid grammar: {e}", status_code=400, param=field))
                 scheduler.outputs.add(req)
         self.pending = still
         scheduler.outputs.flush()
