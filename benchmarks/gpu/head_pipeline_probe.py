@@ -76,12 +76,11 @@ def build(shape: str, ctx: list[int], layers: int, groups: list[int], device: st
         w_qkv = rand((hq + 2 * hk) * d, hidden, scale=hidden**-0.5)
         w_o = rand(hidden, hq * d, scale=(hq * d) ** -0.5)
         per_groups = {}
-        for g_count in groups:
-            qg, hg = hq // g_count * d, hk // g_count * d
+        for g_count in groups:  # group g's query rows of w_qkv, its columns of w_o
+            qg = hq // g_count * d
             per_groups[g_count] = (
                 [w_qkv[g * qg : (g + 1) * qg] for g in range(g_count)],
                 [w_o[:, g * qg : (g + 1) * qg].contiguous() for g in range(g_count)],
-                hg,
             )
         k_buf, v_buf = rand(n_slots, hk, d), rand(n_slots, hk, d)
         out.append((w_qkv, w_o, per_groups, k_buf, v_buf))
@@ -97,9 +96,8 @@ def build(shape: str, ctx: list[int], layers: int, groups: list[int], device: st
 
 def make_layer(raw, g_count: int) -> Layer:
     w_qkv, w_o, per_groups, k_buf, v_buf = raw
-    qg_w, og_w, _ = per_groups[g_count] if g_count > 1 else ([w_qkv], [w_o], 0)
-    q_rows = sum(w.shape[0] for w in qg_w) if g_count > 1 else w_o.shape[1]
-    return Layer(w_qkv, w_o, qg_w, w_qkv[q_rows:], og_w, k_buf, v_buf)
+    qg_w, og_w = per_groups[g_count] if g_count > 1 else ([w_qkv], [w_o])
+    return Layer(w_qkv, w_o, qg_w, w_qkv[w_o.shape[1] :], og_w, k_buf, v_buf)  # k, v rows follow Hq D
 
 
 class Chain:
