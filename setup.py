@@ -9,8 +9,8 @@ ROOTS = {
     "phloem.grammars": "grammars",
     "phloem.bench": "benchmarks",
 }
-# Benchmark results and peer launch scripts stay out of the wheel.
-EXCLUDE = ["peers", "peers.*", "results", "results.*", "tests", "tests.*"]
+# Peer launch scripts stay out of the wheel (benchmarks/results holds only JSON).
+EXCLUDE = ["peers", "peers.*", "tests", "tests.*"]
 
 packages: list[str] = []
 for name, folder in ROOTS.items():
