@@ -84,22 +84,6 @@ def test_spec_engine_reports_the_median_pass_and_accept_over_all_passes(monkeypa
     assert r["requests"] == 2 and r["ids"] == [[1, 2, 3], [1, 2, 3]]
 
 
-def test_gemm_rows_grid_and_padded_envelope():
-    from phloem.bench.gpu.gemm_rows import padded_envelope, parse_rows
-
-    assert parse_rows("16:64:16") == [16, 32, 48, 64]
-    assert parse_rows("1,8,208") == [1, 8, 208]
-    # each row count maps to the fastest count at or above it (ties keep the smaller)
-    times = {16: 5.0, 32: 6.0, 48: 4.0, 64: 4.0, 80: 7.0}
-    assert padded_envelope(times) == {
-        16: (48, 4.0),
-        32: (48, 4.0),
-        48: (48, 4.0),
-        64: (64, 4.0),
-        80: (80, 7.0),
-    }
-
-
 def test_step_profile_counts_a_launch_of_k_steps_k_times(monkeypatch):
     """``step_profile.drive``: the per-decode-step median divides a scheduler step's wall time by
     the decode steps it delivered (two requests, four steps a launch, one second a launch)."""
