@@ -49,8 +49,8 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``t`` on ``device`` without blocking the host (``t`` itself when it is there already).
 
     A small host tensor always goes through a fresh pinned staging buffer: asking CUDA whether
-    it is pinned already (``is_pinned``) costs more than copying it (about 0.1 ms a call under
-    cProfile on the H200's host, paid for every admitted request)."""
+    it is pinned already (``is_pinned``) costs the host more than the copy, and it would be paid
+    for every admitted request."""
     if t.device == device or device.type == "cpu":
         return t if t.device == device else t.to(device)
     if t.device.type == "cpu":

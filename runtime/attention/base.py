@@ -142,9 +142,10 @@ class AttentionBackend(ABC):
         raise NotImplementedError(f"{type(self).__name__} does not support tree verification yet")
 
 
-# cuDNN's SDPA builds and caches an execution plan for every new shape: ~75 ms each on the H200
-# (measured), paid at every step whose key length is new. Callers whose shapes change from step to
-# step (EAGLE drafting, the per-request reference paths) choose among the other kernels.
+# cuDNN's SDPA builds and caches an execution plan for every new shape, which costs far more than
+# the attention itself and is paid at every step whose key length is new. Callers whose shapes
+# change from step to step (EAGLE drafting, the per-request reference paths) choose among the
+# other kernels.
 _VARYING_SHAPE_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

@@ -11,7 +11,7 @@ and strides depend only on the row's position::
 
 ``keys[:L]`` of a gathered ``[S, Hk, D]`` tensor has the same strides for any ``S``, so a decode
 step (``S = L``) and an extend row (``S > L``) make the same call. Slower than ``torch_ref``
-(one call per token and layer); the cost is reported in ``docs/benchmarks.md``.
+(one call per token and layer): the price of results that do not depend on the batch.
 """
 
 from __future__ import annotations

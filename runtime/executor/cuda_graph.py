@@ -189,8 +189,8 @@ class CudaGraphRunner:
 
         Every step's positions, slots, rows and lengths reach the device in one staged copy, and
         a step then costs the host four launches (its rows into the graph's inputs, the replay,
-        the sampler, the ids). A forward pass per step cost the worker ~0.45 ms of CPU at batch 1,
-        more than a small model's step takes on the GPU, so the host set the pace there."""
+        the sampler, the ids). A whole forward pass per step costs the worker more CPU time than
+        a small model's step takes on the GPU, so the host would set the pace there."""
         steps, bs = fi.decode_steps, fi.batch_size
         padded = next(s for s in self.batch_sizes if s >= bs)
         ring, rows = self._step_buffers(steps)

@@ -5,9 +5,9 @@ Owns the model, the KV pool, the ``req_to_token`` table and the attention backen
 model (each layer writes its K/V at ``out_slots``), compute logits only where needed, sample, and
 gather the logprobs the batch asked for.
 
-dtype on CPU: ``auto`` picks float32. Measured on the reference machine (AVX2, no AVX-512 BF16 or
-AMX), bfloat16 matmuls are emulated and decode runs several times slower than float32; see
-``benchmarks/cpu_model.py``. On CUDA ``auto`` picks bfloat16.
+dtype on CPU: ``auto`` picks float32. Without native bfloat16 matmuls (AVX-512 BF16 or AMX),
+bfloat16 is emulated and decodes slower than float32 (``benchmarks/cpu_model.py`` compares them).
+On CUDA ``auto`` picks bfloat16.
 
 Two load-time switches change the kernels, never the loop:
 
@@ -17,8 +17,8 @@ Two load-time switches change the kernels, never the loop:
 - ``quantization``: ``int4`` / ``int8`` weight-only CPU layers (:mod:`phloem.runtime.layers.quant`).
 
 ``kv_cache_dtype="fp8_e4m3"`` stores the KV pool as scaled fp8 (one byte per element, so about
-twice the tokens fit in the same memory); the attention backends dequantize on read. Accuracy on
-the default model: ``docs/benchmarks.md`` ("fp8 KV cache").
+twice the tokens fit in the same memory); the attention backends dequantize on read. How its
+accuracy is measured: ``docs/benchmarks.md`` ("fp8 KV cache").
 """
 
 from __future__ import annotations

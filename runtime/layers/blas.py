@@ -1,14 +1,11 @@
 """Which library runs torch's dense matmuls (``F.linear``, ``torch.mm``) on CUDA: ``--gemm-library``.
 
 Projections of more than a few rows (prefill, decode past the few-row kernels) and the LM head go
-to torch, which asks cuBLAS by default. cuBLASLt picks other kernels for some of them. On an H200,
-Llama-3-8B shape, weights read from HBM (sixteenth round): it runs the MLP's down projection 1.12x
-faster at 64 rows and the attention output 1.09x at 208, ties on most other (projection, rows)
-points and is ~2% slower on the down projection at 208-256 rows; the offline benchmark gains
-1.0-2.0% with it (10,414 / 10,517 -> 10,619 / 10,618 output tok/s,
-alternating, one machine; ``docs/benchmarks.md``, seventeenth round). For the small shapes
-(hidden size 576-1,024) neither library is faster at any row count and the engine was not
-measured with cuBLASLt, so ``auto`` leaves torch's choice alone there.
+to torch, which asks cuBLAS by default. cuBLASLt picks other kernels for some of them: on the
+Llama-3-8B shape it is faster on the MLP's down projection and the attention output at some row
+counts, level elsewhere, and the whole offline run is faster with it
+(``docs/performance-notes.md``). For the small shapes (hidden size 576-1,024) neither library
+wins at any row count, so ``auto`` leaves torch's choice alone there.
 
 torch keeps the choice per process; the model runner sets it in the process that owns the model
 (the scheduler's), before it captures the decode graphs.
@@ -21,7 +18,7 @@ import torch
 __all__ = ["GEMM_LIBRARIES", "LT_MIN_HIDDEN", "apply_gemm_library", "resolve_gemm_library"]
 
 GEMM_LIBRARIES = ("auto", "cublas", "cublaslt")
-LT_MIN_HIDDEN = 4096  # hidden sizes from which ``auto`` picks cuBLASLt (Llama-3-8B's; measured)
+LT_MIN_HIDDEN = 4096  # hidden sizes from which ``auto`` picks cuBLASLt (Llama-3-8B's width)
 
 
 def resolve_gemm_library(choice: str, hidden_size: int, device_type: str) -> str | None:

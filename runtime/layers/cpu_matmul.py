@@ -2,21 +2,11 @@
 
 A decode batch of a few requests, a speculative verify pass and a tree draft multiply a handful
 of rows by weights read once per step from DRAM. Which of the two orders is faster depends on the
-machine and its math library. ms per pass, every weight of SmolLM2-135M read once, float32,
-2 threads (``F.linear`` / weight-major)::
-
-    rows                         2      5      8     12     16     32     64
-    2-core AVX2, 2026-11-30
-      30 layers                53/30  66/48  64/46         70/58  93/78 181/139
-      LM head (49k x 576)      18/5   23/13  22/19         30/19  36/27  53/45
-    2-core Xeon, torch 2.13, 2026-12-01
-      30 layers                21/43  35/44  43/45  50/46  52/44  71/58 103/121
-      LM head                   5/12  12/13  18/14  24/14  12/15  17/19  27/38
-
-On the first machine weight-major won everywhere; on the second it costs up to 2x from 2 to 8
-rows and on the LM head, and wins 8-18% from 12 to 32 rows on the layers. The route is taken only
-where it won on both: 12 to 32 rows, weights of at most 8M elements (the layers, not an LM
-head). Results equal ``F.linear`` up to float32 rounding (another summation order), which is the
+machine and its math library: ``F.linear`` of a few rows packs the weight's panels, which can
+cost up to twice a one-row call, while ``W @ x.T`` reads the weight in its own row-major layout.
+Below 12 rows and on an LM head some machines lose with weight-major. The route is taken only
+where it wins on every machine tried: 12 to 32 rows, weights of at most 8M elements (the layers,
+not an LM head). Results equal ``F.linear`` up to float32 rounding (another summation order), which is the
 oracle in the tests. ``PHLOEM_DISABLE_CPU_WEIGHT_MAJOR=1`` or :func:`set_weight_major` turns the
 route off (A/B measurement).
 """

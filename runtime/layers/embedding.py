@@ -77,9 +77,9 @@ def float_out_linear(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor
 
     On CUDA with 16-bit operands the GEMM writes its float32 accumulator directly
     (``torch.mm(..., out_dtype=torch.float32)``): no 16-bit rounding of the logits, and no second
-    kernel reading ``[N, V]`` back to widen it (at 208 rows of a 152k vocabulary that pass cost
-    more than the GEMM's own epilogue; ``benchmarks/gpu/gemm_shapes.py``). Elsewhere, or on a torch
-    without ``out_dtype``, the 16-bit product widened.
+    kernel reading ``[N, V]`` back to widen it (at a few hundred rows of a large vocabulary that
+    pass costs more than the GEMM's own epilogue). Elsewhere, or on a torch without
+    ``out_dtype``, the 16-bit product widened.
     """
     global _MM_OUT_DTYPE
     if (

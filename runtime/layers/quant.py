@@ -27,7 +27,7 @@ prefill sizes is slower than decoding the whole weight once and calling MKL. Abo
 row count.
 
 ``torch.ops.aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` exist in this torch
-build but run 3-7x slower than float32 ``F.linear`` on AVX2 (no AVX-512), so they are not used.
+build but run slower than float32 ``F.linear`` on AVX2 without AVX-512, so they are not used.
 """
 
 from __future__ import annotations

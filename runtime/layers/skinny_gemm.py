@@ -2,8 +2,8 @@
 
 At decode a projection multiplies 1-16 rows by a weight of ``[N, K]``: the work is reading ``W``
 once, and for a small model most of a step's device time is these launches. The vendor GEMM
-library picks a tiled kernel meant for larger problems (measured ~3.8 us per call for SmolLM2's
-576-wide projections on an H200, where reading the weight takes under 1 us). This kernel gives
+library picks a tiled kernel meant for larger problems, which for a small model's projections
+takes several times as long as reading the weight. This kernel gives
 each program ``BLOCK_N`` output columns and streams their rows of ``W`` along ``K`` once, for all
 rows of ``x`` together. What one call computes, as a plain loop::
 
@@ -52,8 +52,8 @@ class SkinnyConfig(NamedTuple):
 def pick_config(n: int, k: int, rows: int) -> SkinnyConfig:
     """Block sizes for an ``[N, K]`` weight; ``rows`` only selects the one-row or the dot path.
 
-    Chosen from a sweep on an H200 with the weights read from HBM (``benchmarks/gpu/skinny_bench.py
-    --sweep``; ``docs/benchmarks.md``). One row: many narrow programs, each reading its rows of
+    Chosen from a sweep over block sizes with the weights read from HBM, not L2 (the decode
+    case). One row: many narrow programs, each reading its rows of
     ``W`` in one or a few long chunks, so that plenty of loads are in flight; wide weights (the
     LM head, Llama's MLP) take wider column blocks. Several rows: 16-32 columns per ``tl.dot``.
     """

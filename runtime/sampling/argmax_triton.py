@@ -1,11 +1,10 @@
 """Greedy token choice on CUDA: the argmax of each row of the logits, in two short launches.
 
-``torch.argmax`` over one row of a vocabulary reduces it in a single thread block: on an H200 that
-took 13 us for SmolLM2's 49,152 logits and 36 us for Llama-3's 128,256 at batch 1, against ~4 us
-for the LM head before it. Here ``S`` programs per row each reduce one chunk, and a second launch
-picks the best chunk. The chunk count is a run-time argument and the second kernel's block its
-next power of two, so serving batches of every size compiles each kernel a handful of times at
-most (a compile mid-run stalls a step ~0.2 s)::
+``torch.argmax`` over one row of a vocabulary reduces it in a single thread block, so at small
+batches it can take longer than the LM head before it. Here ``S`` programs per row each reduce one
+chunk, and a second launch picks the best chunk. The chunk count is a run-time argument and the
+second kernel's block its next power of two, so serving batches of every size compiles each
+kernel a handful of times at most (a compile mid-run stalls a step)::
 
     part[b, s] = (max, first index of the max) over logits[b, s * C : (s + 1) * C]
     out[b] = index of the first chunk holding the row's max
@@ -24,7 +23,7 @@ import triton.language as tl
 __all__ = ["argmax_rows", "launch_plan", "num_chunks"]
 
 _BLOCK = 1024
-_TARGET_PROGRAMS = 264  # two waves of an H200's 132 SMs
+_TARGET_PROGRAMS = 264  # two waves of a 132-SM GPU (Hopper's count), enough to fill smaller ones
 _MAX_CHUNKS = 64
 
 

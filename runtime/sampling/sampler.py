@@ -76,8 +76,8 @@ class Sampler:
         """``logits -> tokens`` for a batch that samples every one of several steps with ``info``
         (continuous decode's graph replays, where the host launches steps back to back and a
         launch costs it little): a batch of :func:`plain_greedy` rows takes the Triton argmax
-        for every vocabulary (on an H200 ~2.5 against 13 us of GPU time for SmolLM2's 49,152
-        logits), any other the sampler as called one step at a time."""
+        for every vocabulary (less GPU time than torch's one-block reduction), any other the
+        sampler as called one step at a time."""
         if plain_greedy(info):
             return functools.partial(greedy_tokens, min_vocab=0)
         return functools.partial(self.__call__, info=info)
@@ -113,10 +113,9 @@ class Sampler:
 
 
 # Vocabularies from which greedy sampling on CUDA takes the Triton argmax. torch reduces a row in
-# one thread block: on an H200 13 us of GPU time for 49,152 logits, 36 us for 128,256. The Triton
-# version takes ~2.5 us, but its two launches cost the host far more than torch's one (~85 us a
-# launch under cProfile, which inflates Python); a small model at batch 1 is host-bound, so the
-# Triton version only pays where torch's reduction is long: large vocabularies.
+# one thread block, which takes longer the larger the vocabulary. The Triton version takes less GPU
+# time, but its two launches cost the host more than torch's one; a small model at batch 1 is
+# host-bound, so the Triton version only pays where torch's reduction is long: large vocabularies.
 TRITON_ARGMAX_MIN_VOCAB = 65536
 
 

@@ -398,7 +398,7 @@ def _attend_batch(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch
 def _topk(x: torch.Tensor, k: int, chunk: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """``x.topk(k, dim=-1)`` (values and indices, best first) in two passes over a long last axis.
 
-    One row of a ~50k vocabulary is a single-block top-k on CUDA (~30 us on an H200); the best
+    One row of a ~50k vocabulary is a single-block top-k on CUDA, slow for one row; the best
     ``k`` of each ``chunk`` first, then of those, spreads the work over many blocks. ``k == 1`` is
     a max. Ties may pick a different index than one pass would (any of them is a valid answer).
     """

@@ -1,8 +1,8 @@
 """Prompt tokenization off the event loop, in batches (the tokenizer manager's encoder).
 
 The tokenizer manager serves every request from one asyncio loop. Encoding a prompt there holds
-the loop: a burst of 256 prompts of ~540 tokens takes ~0.2-0.6 s of serial encoding, and during
-it no other request streams a token and no new request reaches the scheduler. So:
+the loop: a burst of long prompts takes a noticeable fraction of a second of serial encoding,
+and during it no other request streams a token and no new request reaches the scheduler. So:
 
     text short and nothing queued  ->  encoded inline (a thread hop would cost more)
     otherwise                      ->  queued; texts queued while the loop runs are encoded
@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 __all__ = ["BatchEncoder", "INLINE_CHARS", "MAX_BATCH"]
 
-INLINE_CHARS = 2048  # ~500 tokens: encoded inline when nothing else waits (~0.3 ms)
+INLINE_CHARS = 2048  # ~500 tokens: short enough to encode inline when nothing else waits
 MAX_BATCH = 16  # texts per batch: the first of a burst reach the scheduler early (GPU starts sooner)
 
 
