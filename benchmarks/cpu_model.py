@@ -5,7 +5,7 @@ thread count and keeps each figure's best round, so a busy shared machine slows 
 Prints prefill tok/s for a 512-token prompt and decode tok/s at batch 1 and 8 for phloem
 (float32, bfloat16, int4, int8, float32 deterministic) and transformers ``generate`` (float32), each
 next to its floor (weight bytes one decode step reads / memory bandwidth, measured with a large
-tensor copy) and the ratios. Writes ``benchmarks/results/cpu_model.json``.
+tensor copy) and the ratios. Writes ``benchmarks/results/cpu/cpu_model.json``.
 
     python benchmarks/cpu_model.py [--threads N] [--decode-steps 16] [--rounds 2] [--skip-hf]
 """
@@ -24,7 +24,7 @@ import torch
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
 from phloem.runtime.model_files import resolve_model
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu_model.json")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu", "cpu_model.json")
 VARIANTS = {  # row name -> ModelRunner keywords
     "phloem fp32": {"dtype": "float32"},
     "phloem bf16": {"dtype": "bfloat16"},

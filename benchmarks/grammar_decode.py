@@ -1,7 +1,7 @@
 """Constrained vs unconstrained decode speed per grammar backend, and first vs cached compile.
 
     python -m phloem.bench.grammar_decode [--backends xgrammar,llguidance,outlines]
-        [--batch-sizes 1,32] [--output-len 32] [--output-file benchmarks/results/grammar_decode.json]
+        [--batch-sizes 1,32] [--output-len 32] [--output-file benchmarks/results/cpu/grammar_decode.json]
 
 For each backend one Engine runs, for each batch size, the same static batch three ways: no grammar
 (``ignore_eos``), a JSON schema and a regex. Both grammars only accept outputs far longer than
@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "grammar_decode.json"
+DEFAULT_OUTPUT = Path(__file__).resolve().parent / "results" / "cpu" / "grammar_decode.json"
 BACKENDS = ("xgrammar", "llguidance", "outlines")
 
 ITEM = {

@@ -21,13 +21,13 @@ came from the host tier.
 
     python benchmarks/hicache.py --scale 0.125 --groups 8,16,32            # CPU, a few minutes
     python benchmarks/hicache.py --device cuda --load-format dummy \\
-        --tokenizer-path .gputok --out $OUT/hicache_h200.json               # one H200
+        --tokenizer-path .gputok --out $OUT/hicache.json                    # on a GPU
 
 ``--scale`` shrinks the system prompt, question and output lengths (and with them the device pool,
 which stays at ~11 prompts); the group size and the shape of the workload stay. ``--load-format
 dummy`` runs random weights of ``--dummy-shape`` (greedy text is meaningless, lengths are fixed by
 ``ignore_eos``, so TTFT and throughput still are). Results (command, commit, date, device, figures)
-go to ``--out`` (default ``benchmarks/results/hicache.json``); the commit is ``git rev-parse HEAD``,
+go to ``--out`` (default ``benchmarks/results/cpu/hicache.json``); the commit is ``git rev-parse HEAD``,
 or ``$GIT_COMMIT`` where there is no repository.
 """
 
@@ -52,7 +52,7 @@ from phloem.bench.datasets import DatasetOptions, Session, TextMaker, shared_pre
 from phloem.bench.runner import RunOptions, run_sessions
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results", "hicache.json")
+RESULTS = os.path.join(HERE, "results", "cpu", "hicache.json")
 # live-stat counters reported per run, as the difference over the run (they count from startup)
 COUNTERS = ("hicache_host_hit_tokens", "hicache_loaded_tokens", "hicache_bytes_host_to_device",
             "hicache_backed_up_tokens")  # fmt: skip

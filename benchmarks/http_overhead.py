@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--requests", type=int, default=512)
     ap.add_argument("--concurrency", type=int, default=64)
-    ap.add_argument("--output", default="benchmarks/results/http_overhead.json")
+    ap.add_argument("--output", default="benchmarks/results/cpu/http_overhead.json")
     args = ap.parse_args(argv)
     prompts = _prompts(args.requests)
     rows = [bench_engine(prompts, args.concurrency), bench_http(prompts, args.concurrency)]

@@ -14,7 +14,7 @@ sides decode the same number of tokens.
 
     python -m benchmarks.lang_prefix_sharing [--batch 64] [--fanout 8] [--stem-tokens 1500]
 
-Writes ``benchmarks/results/lang_prefix_sharing.json``.
+Writes ``benchmarks/results/cpu/lang_prefix_sharing.json``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 import phloem as ph
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "lang_prefix_sharing.json")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu", "lang_prefix_sharing.json")
 GEN_TOKENS = 4
 
 

@@ -9,7 +9,7 @@ The same prompts run through
 - Hugging Face ``generate`` on the same GGUF (fp32, greedy, batches of 8, left padding,
   ``min_new_tokens`` = ``max_new_tokens`` so every row makes the same number of tokens).
 
-Prints a table and writes ``benchmarks/results/radix_shared_prefix.json`` (command, git commit,
+Prints a table and writes ``benchmarks/results/cpu/radix_shared_prefix.json`` (command, git commit,
 date, machine, per-system results).
 
     python benchmarks/radix_shared_prefix.py              # full size
@@ -36,7 +36,7 @@ from phloem.bench.runner import RunOptions, run_sessions
 from phloem.bench.serving import warm_up
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results", "radix_shared_prefix.json")
+RESULTS = os.path.join(HERE, "results", "cpu", "radix_shared_prefix.json")
 
 
 @dataclasses.dataclass(frozen=True)

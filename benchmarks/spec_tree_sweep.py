@@ -29,7 +29,7 @@ from typing import Any
 from phloem.bench.grammar_decode import git_commit
 from phloem.runtime.speculative.decoding import EagleDrafter
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spec_tree_sweep_cpu.json")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu", "spec_tree_sweep.json")
 DEFAULT_CONFIGS = "4,1,5;6,1,7;4,4,8;4,4,16;5,4,16;6,4,16;5,8,16;6,8,32;8,4,32;5,4,24"
 
 

@@ -11,7 +11,7 @@ Drives the speculative modules directly on a ``ModelRunner`` (no scheduler). For
 - ``ngram``: longest-suffix-match drafts from the request's own context
 
 all greedy, so every method must reproduce the baseline's tokens (``matches_baseline``). Decode
-time excludes the prefill. Writes ``benchmarks/results/speculative_cpu.json`` and prints a table.
+time excludes the prefill. Writes ``benchmarks/results/cpu/speculative.json`` and prints a table.
 The floor a CPU decode step cannot beat is reading every weight once (bytes / bandwidth); here
 the comparison is against the measured baseline step, which is what speculation amortizes.
 """
@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "speculative_cpu.json")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu", "speculative.json")
 
 
 def _methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Prepare the H200 machine for phloem (see shared/h200-wheels.md).
+# Prepare a GPU machine without a package index (an H200 host) for phloem.
 #
 # Here (a machine with a package index), in the repository root:
 #     benchmarks/gpu/setup_h200.sh download      # wheels into .whl/ (kept out of git)

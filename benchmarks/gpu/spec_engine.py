@@ -61,8 +61,7 @@ def _prompts(tokenizer_path: str | None, model: str | None) -> list[str]:
 
 def _run(engine: Any, prompts: list[str], batch: int, max_new: int, repeats: int = 1) -> dict[str, Any]:
     """One warm-up and ``repeats`` timed passes at ``batch``; ``tok_s`` is the median pass (a
-    batch-1 pass is about a second of short requests, and single passes moved by 20-28% between
-    runs of one configuration). Batch 1 serves every prompt in turn, one request at a time, so
+    batch-1 pass is about a second of short requests, so a single pass is noisy). Batch 1 serves every prompt in turn, one request at a time, so
     its accept length covers all the held-out prompts, not the first one only; larger batches
     take the prompts round-robin to fill one ``generate`` call."""
     if batch == 1:
