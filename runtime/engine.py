@@ -9,13 +9,13 @@ API (``async_generate``) works from any running loop.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+import msgspec
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.launch import EngineProcesses, launch_engine
 from phloem.runtime.sampling.params import SamplingParams
@@ -226,7 +226,7 @@ def build_requests(
     for (text, ids), p, r in zip(prompts, params, rids):
         for j in range(p.n):
             # n samples of one seeded request differ from each other but are reproducible
-            pj = p if p.sampling_seed is None or j == 0 else dataclasses.replace(p, sampling_seed=p.sampling_seed + j)
+            pj = p if p.sampling_seed is None or j == 0 else msgspec.structs.replace(p, sampling_seed=p.sampling_seed + j)
             reqs.append(
                 GenerateRequest(
                     text=text,
