@@ -77,7 +77,9 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
         if _TRUSTED.get():
             return
         for name, default in _DEFAULTS.items():
-            value = _normalize(name, getattr(self, name), default)
+            value = getattr(self, name)
+            # None means the default; any other value is type-checked and stored normalized
+            value = default if value is None else _NORMALIZERS[name](f"{PREFIX}.{name}", value)
             msgspec.structs.force_setattr(self, name, value)
         _check_relations(self)
 
@@ -184,13 +186,6 @@ def validate_token_ids(ids: Iterable[Any], vocab_size: int, field: str) -> None:
 
 
 # ---------------------------------------------------------------------- per-field normalization
-def _normalize(name: str, value: Any, default: Any) -> Any:
-    """Type-check one field and return its stored form; ``None`` falls back to the default."""
-    if value is None:
-        return default
-    return _NORMALIZERS[name](f"{PREFIX}.{name}", value)
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

@@ -242,7 +242,7 @@ def test_crosses_to_the_scheduler_as_itself_without_a_second_check(monkeypatch):
     def checked_again(*args):
         raise AssertionError("validated a second time")
 
-    monkeypatch.setattr(params_module, "_normalize", checked_again)
+    monkeypatch.setattr(params_module, "_check_relations", checked_again)
     got = codec.decode(data).sampling_params
     assert type(got) is SamplingParams and got == p
     with pytest.raises(AssertionError):  # building one outside a decode still checks it
