@@ -230,7 +230,6 @@ def fake_scheduler_process(ipc: Any, parent_pid: int, step_s: float, stats_path:
 
     to_tm.send(Codec(ToTokenizerManager).encode(
         Ready(who="scheduler", info={"context_length": 8192, "vocab_size": tokenizer.vocab_size})))  # fmt: skip
-    from phloem.runtime.sampling.params import SamplingParams
     from phloem.runtime.sampling.stop import FinishReason
     from phloem.runtime.scheduler.output import OutputCollector
 
@@ -249,7 +248,7 @@ def fake_scheduler_process(ipc: Any, parent_pid: int, step_s: float, stats_path:
                         json.dump({"send_s": sends}, f)
                     return
                 if isinstance(msg, TokenizedGenerateReq):
-                    max_new = SamplingParams.from_wire(msg.sampling).max_new_tokens
+                    max_new = msg.sampling_params.max_new_tokens
                     req = make_req(msg.rid, stream=msg.stream, max_new=max_new)
                     running.append((req, token_stream(tokenizer, max_new, 7 * n_reqs)))
                     n_reqs += 1

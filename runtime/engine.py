@@ -1,15 +1,16 @@
 """The in-process Engine: the same processes and messages as ``phloem serve``, without HTTP.
 
-``Engine.generate`` returns exactly what ``POST /generate`` returns (a dict, a list for a batch or
-``n > 1``, an iterator of cumulative chunks when streaming). The tokenizer manager lives on a
-private asyncio loop in a background thread, so the sync API works from any thread and the async
-API (``async_generate``) works from any running loop.
+``Engine.generate`` takes the fields of a ``POST /generate`` body and returns exactly what the
+route returns (a dict, a list for a batch or ``n > 1``, an iterator of cumulative chunks when
+streaming); both turn the call into engine requests with :func:`phloem.runtime.expand.expand`.
+
+The tokenizer manager lives on a private asyncio loop in a background thread, so the sync API
+works from any thread and the async API (``async_generate``) works from any running loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import queue
 import threading
@@ -17,8 +18,8 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from phloem.runtime.config import EngineArgs
+from phloem.runtime.expand import GenerateCall, SamplingSpec, expand, tokenizer_vocab_size
 from phloem.runtime.launch import EngineProcesses, launch_engine
-from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.tokenizer.manager import TokenizerManager
 from phloem.runtime.tokenizer.request import GenerateRequest
 
@@ -45,31 +46,52 @@ class Engine:
         prompt: str | list[str] | None = None,
         *,
         input_ids: list[int] | list[list[int]] | None = None,
-        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-        return_logprob: bool = False,
-        logprob_start_len: int = -1,
-        top_logprobs_num: int = 0,
-        token_ids_logprob: list[int] | None = None,
+        sampling_params: SamplingSpec | list[SamplingSpec] = None,
+        return_logprob: bool | list[bool] = False,
+        logprob_start_len: int | list[int] = -1,
+        top_logprobs_num: int | list[int] = 0,
+        token_ids_logprob: list[int] | list[list[int]] | None = None,
         return_text_in_logprobs: bool = False,
         rid: str | list[str] | None = None,
         priority: int | None = None,
         extra_key: str | None = None,
         stream: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
-        reqs, batched = build_requests(**_args(locals()))
+        """What ``POST /generate`` answers for the body with these fields (``prompt`` is its
+        ``text``); ``sampling_params`` may also be ``SamplingParams`` objects. Raises
+        ``InvalidRequest`` naming the field, as the route answers 400."""
+        call = GenerateCall(
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            token_ids_logprob=token_ids_logprob,
+            return_text_in_logprobs=return_text_in_logprobs,
+            rid=rid,
+            priority=priority,
+            extra_key=extra_key,
+            stream=stream,
+        )
+        reqs, batched = self._expand(call)
         if stream:
             return self._stream_sync(reqs, batched)
         outs = self._call(self._collect(reqs))
         return outs if batched else outs[0]
 
     async def async_generate(self, prompt: str | list[str] | None = None, **kwargs: Any) -> Any:
-        """Awaitable result, or (with ``stream=True``) an async iterator of cumulative chunks."""
-        reqs, batched = build_requests(prompt=prompt, **kwargs)
+        """Awaitable result, or (with ``stream=True``) an async iterator of cumulative chunks;
+        the arguments are those of :meth:`generate`."""
+        reqs, batched = self._expand(GenerateCall(text=prompt, **kwargs))
         if kwargs.get("stream"):
             return self._stream_async(reqs, batched)
         fut = asyncio.run_coroutine_threadsafe(self._collect(reqs), self._loop)
         outs = await asyncio.wrap_future(fut)
         return outs if batched else outs[0]
+
+    def _expand(self, call: GenerateCall) -> tuple[list[GenerateRequest], bool]:
+        return expand(call, tokenizer_vocab_size(self.tm.tokenizer))
 
     async def _collect(self, reqs: list[GenerateRequest]) -> list[dict[str, Any]]:
         async def one(r: GenerateRequest) -> dict[str, Any]:
@@ -174,74 +196,3 @@ class Engine:
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-
-def _args(loc: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in loc.items() if k not in ("self", "stream")} | {"stream": loc["stream"]}
-
-
-def build_requests(
-    prompt: str | list[str] | None = None,
-    *,
-    input_ids: list[int] | list[list[int]] | None = None,
-    sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
-    return_logprob: bool = False,
-    logprob_start_len: int = -1,
-    top_logprobs_num: int = 0,
-    token_ids_logprob: list[int] | None = None,
-    return_text_in_logprobs: bool = False,
-    rid: str | list[str] | None = None,
-    priority: int | None = None,
-    extra_key: str | None = None,
-    stream: bool = False,
-) -> tuple[list[GenerateRequest], bool]:
-    """Expand a single or batch call (and ``n > 1``) into one ``GenerateRequest`` each.
-
-    Returns the requests and whether the caller gets a list back. Raises InvalidRequest.
-    """
-    from phloem.runtime.errors import InvalidRequest
-
-    if (prompt is None) == (input_ids is None):
-        raise InvalidRequest("text", "exactly one of prompt/text and input_ids is required")
-    if prompt is not None:
-        texts = [prompt] if isinstance(prompt, str) else list(prompt)
-        prompts: list[tuple[str | None, list[int] | None]] = [(t, None) for t in texts]
-        batched = not isinstance(prompt, str)
-    else:
-        assert input_ids is not None
-        batched = bool(input_ids) and isinstance(input_ids[0], list)
-        ids_list = input_ids if batched else [input_ids]
-        prompts = [(None, list(x)) for x in ids_list]  # type: ignore[arg-type]
-    if isinstance(sampling_params, list):
-        if len(sampling_params) != len(prompts):
-            raise InvalidRequest("sampling_params", "a list of sampling_params must match the batch size")
-        params = [SamplingParams.from_wire(p) for p in sampling_params]
-    else:
-        one = SamplingParams.from_wire(sampling_params)
-        params = [one] * len(prompts)
-    rids = rid if isinstance(rid, list) else [rid] * len(prompts)
-    if len(rids) != len(prompts):
-        raise InvalidRequest("rid", "a list of rids must match the batch size")
-    reqs: list[GenerateRequest] = []
-    for (text, ids), p, r in zip(prompts, params, rids):
-        for j in range(p.n):
-            # n samples of one seeded request differ from each other but are reproducible
-            pj = p if p.sampling_seed is None or j == 0 else dataclasses.replace(p, sampling_seed=p.sampling_seed + j)
-            reqs.append(
-                GenerateRequest(
-                    text=text,
-                    input_ids=ids,
-                    sampling_params=pj,
-                    return_logprob=return_logprob,
-                    logprob_start_len=logprob_start_len,
-                    top_logprobs_num=top_logprobs_num,
-                    token_ids_logprob=token_ids_logprob,
-                    return_text_in_logprobs=return_text_in_logprobs,
-                    rid=(f"{r}-{j}" if p.n > 1 else r) if r else None,
-                    priority=priority,
-                    extra_key=extra_key,
-                    stream=stream,
-                )
-            )
-        batched = batched or p.n > 1
-    return reqs, batched

@@ -1,4 +1,4 @@
-"""Typed IPC messages between the three processes, grouped by receiver (DESIGN.md §2).
+"""Typed IPC messages between the three processes, grouped by receiver (docs/design.md §2).
 
 Channels (all ZMQ PUSH -> PULL over ``ipc://`` sockets made by ``launch.py``)::
 
@@ -9,7 +9,9 @@ Channels (all ZMQ PUSH -> PULL over ``ipc://`` sockets made by ``launch.py``)::
     scheduler         -> TokenizerManager  ToTokenizerManager (Ready, control replies, SchedulerStats)
 
 Every message is a ``msgspec.Struct`` with a tag; each receiver decodes the union of what it may
-receive. No pickle crosses a process boundary.
+receive. No pickle crosses a process boundary. A request's ``SamplingParams`` (also a Struct)
+travels as itself inside ``TokenizedGenerateReq``: the tokenizer manager's process built and
+validated it, and the scheduler decodes it without checking it again.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from phloem.runtime.sampling.params import SamplingParams, decoding_trusted
 
 # ---------------------------------------------------------------------------- to the scheduler
 
@@ -24,7 +27,7 @@ import msgspec
 class TokenizedGenerateReq(msgspec.Struct, tag=True, kw_only=True):
     rid: str
     input_ids: list[int]
-    sampling: dict[str, Any]  # SamplingParams.to_wire()
+    sampling_params: SamplingParams
     return_logprob: bool = False
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
@@ -152,4 +155,6 @@ class Codec:
         return self._enc.encode(msg)
 
     def decode(self, data: bytes) -> Any:
-        return self._dec.decode(data)
+        # Messages come from phloem's own processes, which validated what they carry.
+        with decoding_trusted():
+            return self._dec.decode(data)

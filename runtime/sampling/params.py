@@ -1,9 +1,14 @@
-"""Sampling parameters of one request, with SGLang's wire names and defaults (DESIGN.md §8).
+"""Sampling parameters of one request, with SGLang's wire names and defaults (docs/design.md §8).
 
-:class:`SamplingParams` validates itself on construction, so every instance in the runtime is
-known to be sane; :meth:`SamplingParams.from_wire` additionally rejects unknown keys. Every problem
-is an :class:`~phloem.runtime.errors.InvalidRequest` naming the field, e.g.
+:class:`SamplingParams` is built and validated once, where a request enters the engine (the HTTP
+body or an ``Engine`` call): construction checks and normalizes every field, and
+:meth:`SamplingParams.from_wire` additionally rejects unknown keys. Every problem is an
+:class:`~phloem.runtime.errors.InvalidRequest` naming the field, e.g.
 ``sampling_params.top_p: must be in (0, 1], got 0``.
+
+It is a ``msgspec.Struct``, so it crosses to the scheduler process as itself, a field of the
+tokenized request message. msgspec runs ``__post_init__`` when it decodes a struct too; the checks
+are skipped there (:func:`decoding_trusted`), since the sending process built the value already.
 
 Choices beyond SGLang's contract:
 
@@ -22,10 +27,12 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
+import msgspec
 from phloem.runtime.errors import InvalidRequest
 
 PREFIX = "sampling_params"
@@ -37,8 +44,7 @@ GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _INT64_MAX = (1 << 63) - 1
 
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """How to sample one request. Field names and defaults follow SGLang's ``sampling_params``."""
 
     max_new_tokens: int = 128  # 0: prefill only
@@ -68,9 +74,13 @@ class SamplingParams:
     stream_interval: int | None = None
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = _normalize(f.name, getattr(self, f.name), f.default)
-            object.__setattr__(self, f.name, value)
+        if _TRUSTED.get():
+            return
+        for name, default in _DEFAULTS.items():
+            value = getattr(self, name)
+            # None means the default; any other value is type-checked and stored normalized
+            value = default if value is None else _NORMALIZERS[name](f"{PREFIX}.{name}", value)
+            msgspec.structs.force_setattr(self, name, value)
         _check_relations(self)
 
     # ------------------------------------------------------------------ wire
@@ -87,24 +97,15 @@ class SamplingParams:
             return cls()
         if not isinstance(d, dict):
             raise InvalidRequest(PREFIX, f"must be an object, got {type(d).__name__}")
-        unknown = sorted(str(k) for k in d if k not in _FIELD_NAMES)
+        unknown = sorted(str(k) for k in d if k not in _DEFAULTS)
         if unknown:
             raise InvalidRequest(f"{PREFIX}.{unknown[0]}", f"unknown field(s): {', '.join(unknown)}")
         return cls(**d)
 
     def to_wire(self) -> dict[str, Any]:
         """The fields that differ from their defaults, JSON-compatible; ``from_wire`` inverts it."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if value == f.default:
-                continue
-            if f.name == "logit_bias":
-                value = {str(k): v for k, v in value.items()}
-            elif isinstance(value, list):
-                value = list(value)
-            out[f.name] = value
-        return out
+        wire = msgspec.to_builtins(self, str_keys=True)
+        return {name: value for name, value in wire.items() if getattr(self, name) != _DEFAULTS[name]}
 
     def validate_vocab(self, vocab_size: int) -> None:
         """Check token ids (``stop_token_ids``, ``logit_bias`` keys) against the vocabulary."""
@@ -146,7 +147,23 @@ class SamplingParams:
         return None
 
 
-_FIELD_NAMES = frozenset(f.name for f in fields(SamplingParams))
+_DEFAULTS: dict[str, Any] = {f.name: f.default for f in msgspec.structs.fields(SamplingParams)}
+# True while a message from another phloem process is decoded (see decoding_trusted).
+_TRUSTED: ContextVar[bool] = ContextVar("sampling_params_trusted", default=False)
+
+
+@contextmanager
+def decoding_trusted() -> Iterator[None]:
+    """Within this block, building a SamplingParams skips its checks.
+
+    For decoding messages between phloem's own processes only: the sender built (and so
+    validated) every SamplingParams they carry, where the request entered the engine.
+    """
+    token = _TRUSTED.set(True)
+    try:
+        yield
+    finally:
+        _TRUSTED.reset(token)
 
 
 def validate_token_ids(ids: Iterable[Any], vocab_size: int, field: str) -> None:
@@ -169,13 +186,6 @@ def validate_token_ids(ids: Iterable[Any], vocab_size: int, field: str) -> None:
 
 
 # ---------------------------------------------------------------------- per-field normalization
-def _normalize(name: str, value: Any, default: Any) -> Any:
-    """Type-check one field and return its stored form; ``None`` falls back to the default."""
-    if value is None:
-        return default
-    return _NORMALIZERS[name](f"{PREFIX}.{name}", value)
-
-
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 

@@ -32,7 +32,6 @@ from phloem.runtime.messages import (
     ToTokenizerManager,
     UpdateWeightsReq,
 )
-from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker
 from phloem.runtime.scheduler.req import Req
 from phloem.runtime.scheduler.scheduler import Scheduler, StepTimes
@@ -140,7 +139,7 @@ class SchedulerProcess:
 
     # ------------------------------------------------------------------ handlers
     def _on_generate(self, msg: TokenizedGenerateReq) -> None:
-        params = SamplingParams.from_wire(msg.sampling)
+        params = msg.sampling_params
         req = Req(
             rid=msg.rid,
             origin_input_ids=list(msg.input_ids),

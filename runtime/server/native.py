@@ -1,8 +1,9 @@
-"""Native routes: SGLang's ``/generate`` and the admin routes (DESIGN.md §8).
+"""Native routes: SGLang's ``/generate`` and the admin routes (docs/design.md §8).
 
-The tokenizer manager is ``request.app.state.tm``. Everything here checks the shape of a request;
-limits that need the tokenizer or the model (prompt length, ids in the vocabulary) are checked
-cheaply here when the route can, and always again by the tokenizer manager.
+The tokenizer manager is ``request.app.state.tm``. ``/generate`` parses its body
+(``GenerateBody``) and hands it to :func:`phloem.runtime.expand.expand`, which ``Engine.generate``
+uses too: the two entry points accept and refuse the same calls. Limits that need the tokenized
+prompt (its length against the context) are the tokenizer manager's.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse, Response
 from phloem.runtime.errors import InvalidRequest
+from phloem.runtime.expand import GenerateCall, expand, per_sample, tokenizer_vocab_size
 from phloem.runtime.metrics import CONTENT_TYPE
-from phloem.runtime.sampling.params import MAX_N, SamplingParams
+from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.server import sse
 from phloem.runtime.server.http_errors import ApiError, from_invalid_request, parse_body
 from phloem.runtime.server.protocol import (
@@ -45,7 +47,6 @@ from phloem.runtime.tokenizer.request import GenerateRequest
 logger = logging.getLogger(__name__)
 router = APIRouter()
 
-MAX_REQUESTS = 1024  # engine requests per HTTP request (batch x n)
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 
 
@@ -70,40 +71,16 @@ def to_api_error(exc: BaseException, tm: Any) -> ApiError:
     return ApiError(status, f"{type(exc).__name__}: {exc}")
 
 
-def pop_n(wire: dict[str, Any], param: str) -> int:
-    """Remove ``n`` from a sampling dict and check it (each sample becomes its own engine request)."""
-    n = wire.pop("n", 1)
-    if n is None:
-        return 1
-    if isinstance(n, bool) or not isinstance(n, int):
-        raise ApiError(400, f"{param}: must be an integer", param=param)
-    if not 1 <= n <= MAX_N:
-        raise ApiError(400, f"{param}: must be between 1 and {MAX_N}, got {n}", param=param)
-    return n
-
-
 def sampling_for_samples(
     wire: dict[str, Any], n: int, *, names: dict[str, str] | None = None
 ) -> list[SamplingParams]:
-    """``n`` validated SamplingParams; with a seed, sample ``j`` uses ``seed + j`` so samples differ."""
-    seed = wire.get("sampling_seed")
-    out = []
-    for j in range(n):
-        item = dict(wire)
-        if j and isinstance(seed, int) and not isinstance(seed, bool):
-            item["sampling_seed"] = seed + j
-        out.append(from_wire(item, names=names))
-    return out
+    """The OpenAI routes' sampling params for the ``n`` samples of one prompt (``per_sample``).
 
-
-def from_wire(wire: dict[str, Any], *, names: dict[str, str] | None = None) -> SamplingParams:
-    """``SamplingParams.from_wire`` with its errors as 400s.
-
-    Errors name ``sampling_params.<field>``; with ``names`` (wire name -> the client's name, for the
-    OpenAI routes) they name the client's field instead (``max_tokens`` for ``max_new_tokens``).
+    Errors are 400s naming ``sampling_params.<field>``; with ``names`` (wire name -> the client's
+    name) they name the client's field instead (``max_tokens`` for ``max_new_tokens``).
     """
     try:
-        return SamplingParams.from_wire(wire)
+        return per_sample(SamplingParams.from_wire({**wire, "n": n}))
     except InvalidRequest as exc:
         param = exc.field if names is None else openai_param(exc.field, names)
         raise ApiError(400, f"{param}: {exc.message}", param=param) from None
@@ -118,133 +95,10 @@ def check_token_ids(ids: Sequence[int], vocab_size: int | None, param: str) -> N
 
 
 def vocab_size(tm: Any) -> int | None:
-    size = getattr(tm.tokenizer, "vocab_size", None)
-    return size if isinstance(size, int) and size > 0 else None
+    return tokenizer_vocab_size(tm.tokenizer)
 
 
 # ---- /generate -----------------------------------------------------------------------------------
-Prompt = tuple[str | None, list[int] | None]
-
-
-def _prompts(body: GenerateBody, vocab: int | None) -> tuple[list[Prompt], bool]:
-    """(prompts, is_batch) from ``text`` or ``input_ids`` (exactly one)."""
-    if (body.text is None) == (body.input_ids is None):
-        which = "both" if body.text is not None else "neither"
-        raise ApiError(400, f"text: give exactly one of 'text' and 'input_ids' ({which} given)", param="text")
-    if body.text is not None:
-        texts = [body.text] if isinstance(body.text, str) else body.text
-        if not texts:
-            raise ApiError(400, "text: the batch is empty", param="text")
-        for i, t in enumerate(texts):
-            if not t:
-                where = "text" if isinstance(body.text, str) else f"text.{i}"
-                raise ApiError(400, f"{where}: must not be empty", param="text")
-        return [(t, None) for t in texts], isinstance(body.text, list)
-    ids = body.input_ids or []
-    is_batch = bool(ids) and isinstance(ids[0], list)
-    batch: list[list[int]] = ids if is_batch else [ids]  # type: ignore[assignment,list-item]
-    if not ids:
-        raise ApiError(400, "input_ids: must not be empty", param="input_ids")
-    for i, row in enumerate(batch):
-        where = f"input_ids.{i}" if is_batch else "input_ids"
-        if not row:
-            raise ApiError(400, f"{where}: must not be empty", param="input_ids")
-        check_token_ids(row, vocab, "input_ids")
-    return [(None, row) for row in batch], is_batch
-
-
-def _per_item(value: Any, size: int, name: str) -> list[Any]:
-    if isinstance(value, list):
-        if len(value) != size:
-            raise ApiError(400, f"{name}: has {len(value)} entries for a batch of {size}", param=name)
-        return value
-    return [value] * size
-
-
-def _sampling_dicts(body: GenerateBody, size: int) -> list[dict[str, Any]]:
-    sp = body.sampling_params
-    if isinstance(sp, list) and len(sp) == 1 and size > 1:
-        sp = sp[0]
-    return [dict(d or {}) for d in _per_item(sp or {}, size, "sampling_params")]
-
-
-def _rids(body: GenerateBody, size: int) -> list[str | None]:
-    if body.rid is None:
-        return [None] * size
-    rids = [body.rid] if isinstance(body.rid, str) else body.rid
-    if len(rids) != size:
-        raise ApiError(400, f"rid: has {len(rids)} entries for a batch of {size}", param="rid")
-    if len(set(rids)) != len(rids):
-        raise ApiError(400, "rid: duplicate request ids", param="rid")
-    return list(rids)
-
-
-def _logprob_options(body: GenerateBody, size: int, vocab: int | None) -> list[dict[str, Any]]:
-    returns = _per_item(body.return_logprob, size, "return_logprob")
-    starts = _per_item(body.logprob_start_len, size, "logprob_start_len")
-    tops = _per_item(body.top_logprobs_num, size, "top_logprobs_num")
-    token_ids = body.token_ids_logprob
-    if token_ids and isinstance(token_ids[0], list):
-        ids_rows = _per_item(token_ids, size, "token_ids_logprob")
-    else:
-        ids_rows = [token_ids] * size
-    options = []
-    for ret, start, top, ids in zip(returns, starts, tops, ids_rows):
-        if start < -1:
-            raise ApiError(400, f"logprob_start_len: must be >= -1, got {start}", param="logprob_start_len")
-        if top < 0 or (vocab is not None and top > vocab):
-            raise ApiError(
-                400,
-                f"top_logprobs_num: must be between 0 and the vocabulary size, got {top}",
-                param="top_logprobs_num",
-            )
-        check_token_ids(ids or [], vocab, "token_ids_logprob")
-        options.append(
-            {
-                "return_logprob": ret,
-                "logprob_start_len": start,
-                "top_logprobs_num": top,
-                "token_ids_logprob": list(ids) if ids else None,
-            }
-        )
-    return options
-
-
-def build_generate_requests(body: GenerateBody, tm: Any) -> tuple[list[GenerateRequest], bool]:
-    """Engine requests for a /generate body, prompt-major (``i * n + j``), and whether to answer a list."""
-    vocab = vocab_size(tm)
-    prompts, is_batch = _prompts(body, vocab)
-    size = len(prompts)
-    wires, rids = _sampling_dicts(body, size), _rids(body, size)
-    options = _logprob_options(body, size, vocab)
-    reqs: list[GenerateRequest] = []
-    answer_list = is_batch
-    for (text, ids), wire, rid, opts in zip(prompts, wires, rids, options):
-        n = pop_n(wire, "sampling_params.n")
-        answer_list = answer_list or n > 1
-        if len(reqs) + n > MAX_REQUESTS:
-            raise ApiError(
-                400,
-                f"sampling_params.n: more than {MAX_REQUESTS} generations in one request",
-                param="sampling_params.n",
-            )
-        for j, params in enumerate(sampling_for_samples(wire, n)):
-            reqs.append(
-                GenerateRequest(
-                    text=text,
-                    input_ids=ids,
-                    sampling_params=params,
-                    rid=rid if n == 1 or rid is None else f"{rid}-{j}",
-                    return_text_in_logprobs=body.return_text_in_logprobs,
-                    priority=body.priority,
-                    extra_key=body.extra_key,
-                    stream=body.stream,
-                    **opts,
-                )
-            )
-    return reqs, answer_list
-
-
 def _present(out: Output, req: GenerateRequest, texter: Any) -> Output:
     out = dict(out)
     meta = out.get("meta_info")
@@ -259,7 +113,8 @@ async def generate(request: Request) -> Response:
     tm = get_tm(request)
     body = await parse_body(request, GenerateBody)
     require_serving(tm)
-    reqs, answer_list = build_generate_requests(body, tm)
+    # a malformed call raises InvalidRequest: the app's handler answers 400 naming the field
+    reqs, answer_list = expand(GenerateCall(**dict(body)), vocab_size(tm))
     run = RequestRun(tm, reqs, request)
     if body.stream:
         return await _stream_generate(run, reqs, answer_list, tm)
@@ -327,7 +182,7 @@ async def health_generate(request: Request) -> Response:
     state = tm.health()
     if state != "serving":
         return JSONResponse({"status": state}, status_code=503)
-    params = SamplingParams.from_wire({"max_new_tokens": 1, "temperature": 0.0})
+    params = SamplingParams(max_new_tokens=1, temperature=0.0)
     req = GenerateRequest(text="Hello", sampling_params=params, rid=f"health-{uuid.uuid4().hex}")
     run = RequestRun(tm, [req])
     try:

@@ -18,10 +18,10 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from phloem.runtime.errors import InvalidRequest
+from phloem.runtime.sampling.params import MAX_N
 from phloem.runtime.server import sse
 from phloem.runtime.server.http_errors import ApiError, parse_body
 from phloem.runtime.server.native import (
-    MAX_N,
     check_token_ids,
     get_tm,
     require_serving,

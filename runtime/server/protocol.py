@@ -1,7 +1,8 @@
 """Bodies of the native routes (SGLang's wire names).
 
 Models are strict (no string -> number or bool -> int coercion) and ignore unknown keys, so clients
-sending SGLang fields we do not use still work. Cross-field rules live in ``native.py``.
+sending SGLang fields we do not use still work. They check types only: what a ``/generate`` body
+means (batches, ``n``, request ids, sampling params) is :mod:`phloem.runtime.expand`'s business.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ class _Body(BaseModel):
 
 
 class GenerateBody(_Body):
+    """The JSON form of :class:`phloem.runtime.expand.GenerateCall` (same fields)."""
+
     text: str | list[str] | None = None
     input_ids: IntList | list[IntList] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None

@@ -1,4 +1,4 @@
-"""② The tokenizer manager: the main process's view of the engine (DESIGN.md §2).
+"""② The tokenizer manager: the main process's view of the engine (docs/design.md §2).
 
 It tokenizes and validates each request, keeps a ``ReqState`` with an asyncio event per request
 in flight, sends ``TokenizedGenerateReq`` to the scheduler, and turns the detokenizer's
@@ -212,7 +212,7 @@ class TokenizerManager:
         return TokenizedGenerateReq(
             rid=rid,
             input_ids=ids,
-            sampling=p.to_wire(),
+            sampling_params=p,
             return_logprob=req.return_logprob,
             logprob_start_len=req.logprob_start_len,
             top_logprobs_num=req.top_logprobs_num if req.return_logprob else 0,

@@ -135,6 +135,19 @@ def test_bad_input_raises_invalid_request(engine):
         engine.generate("x " * 9000)
 
 
+def test_duplicate_rids_are_refused_as_the_http_route_refuses_them(engine):
+    """The Engine expands a call with the route's code: a duplicate rid (given, or made by ``n``)
+    is refused before any request starts, with the message ``/generate`` answers 400 with."""
+    with pytest.raises(InvalidRequest) as err:
+        engine.generate(["One,", "Two,"], rid=["twin", "twin"], sampling_params=GREEDY)
+    assert (err.value.field, str(err.value)) == ("rid", "rid: duplicate request id 'twin'")
+    with pytest.raises(InvalidRequest) as err:
+        engine.generate(["One,", "Two,"], rid=["twin", "twin-0"], sampling_params=[{**GREEDY, "n": 2}, GREEDY])
+    assert str(err.value) == "rid: duplicate request id 'twin-0'"
+    out = engine.generate("One,", rid="twin", sampling_params=GREEDY)  # nothing of the refused calls runs
+    assert out["meta_info"]["id"] == "twin"
+
+
 def test_abort_streaming_request_frees_its_slots(engine):
     engine.flush_cache()
     stream = engine.generate("Write a long story about a dragon.", sampling_params={"max_new_tokens": 400, "ignore_eos": True},

@@ -116,6 +116,17 @@ def test_bad_input_is_4xx_and_server_stays_healthy(server, case):
     assert needle.lower() in r.text.lower()
 
 
+def test_duplicate_rids_are_refused_as_the_engine_refuses_them(server):
+    """``/generate`` expands a call with the Engine's code: the same refusal, as a 400."""
+    for rids, sampling, dup in ((["twin", "twin"], {}, "twin"), (["twin", "twin-0"], [{"n": 2}, {}], "twin-0")):
+        r = post(server, "/generate", {"text": ["One,", "Two,"], "rid": rids, "sampling_params": sampling})
+        assert r.status_code == 400, r.text
+        err = r.json()["error"]
+        assert (err["param"], err["message"]) == ("rid", f"rid: duplicate request id '{dup}'")
+    r = post(server, "/generate", {"text": "One,", "rid": "twin", "sampling_params": {"max_new_tokens": 2}})
+    assert r.status_code == 200 and r.json()["meta_info"]["id"] == "twin"
+
+
 def test_health_generate_after_bad_inputs(server):
     assert requests.get(server.url + "/health_generate", timeout=60).status_code == 200
 

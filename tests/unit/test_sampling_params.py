@@ -225,3 +225,25 @@ _valid = st.fixed_dictionaries(
 def test_round_trip_property(wire):
     p = SamplingParams.from_wire(wire)
     assert SamplingParams.from_wire(json.loads(json.dumps(p.to_wire()))) == p
+
+
+def test_crosses_to_the_scheduler_as_itself_without_a_second_check(monkeypatch):
+    """The tokenized request carries the SamplingParams built where the request entered; the
+    scheduler's decode restores it as is, and does not run the checks again."""
+    import phloem.runtime.sampling.params as params_module
+    from phloem.runtime.messages import Codec, TokenizedGenerateReq, ToScheduler
+
+    p = SamplingParams.from_wire(
+        {"max_new_tokens": 7, "stop": ["x"], "logit_bias": {"5": 1}, "json_schema": {"type": "object"}, "top_k": 0}
+    )
+    codec = Codec(ToScheduler)
+    data = codec.encode(TokenizedGenerateReq(rid="r", input_ids=[1], sampling_params=p))
+
+    def checked_again(*args):
+        raise AssertionError("validated a second time")
+
+    monkeypatch.setattr(params_module, "_check_relations", checked_again)
+    got = codec.decode(data).sampling_params
+    assert type(got) is SamplingParams and got == p
+    with pytest.raises(AssertionError):  # building one outside a decode still checks it
+        SamplingParams(max_new_tokens=1)
