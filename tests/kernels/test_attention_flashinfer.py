@@ -14,7 +14,7 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
     pytest.mark.skipif(
         importlib.util.find_spec("flashinfer") is None,
-        reason="flashinfer is not installed (it does not fit the H200 machine's transfer limit; see docs/benchmarks.md)",
+        reason="flashinfer is not installed (an optional backend)",
     ),
 ]
 
