@@ -36,10 +36,10 @@ test: setup-test lint typecheck
 	$(PY) -m pytest -q -m "not gpu" --durations=15 $(ARGS)
 
 lint: setup-test
-	$(VENV)/bin/ruff check phloem lang runtime grammars benchmarks tests
+	$(VENV)/bin/ruff check phloem lang runtime grammars training benchmarks tests
 
 typecheck: setup-test
-	$(VENV)/bin/mypy phloem lang runtime grammars
+	$(VENV)/bin/mypy phloem lang runtime grammars training
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

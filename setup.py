@@ -8,6 +8,7 @@ ROOTS = {
     "phloem.runtime": "runtime",
     "phloem.grammars": "grammars",
     "phloem.bench": "benchmarks",
+    "phloem.training": "training",
 }
 # Peer launch scripts stay out of the wheel (benchmarks/results holds only JSON).
 EXCLUDE = ["peers", "peers.*", "tests", "tests.*"]

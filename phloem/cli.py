@@ -83,7 +83,7 @@ def cmd_bench(ns: argparse.Namespace) -> int:
 
 
 def cmd_train_eagle(ns: argparse.Namespace) -> int:
-    from phloem.runtime.speculative.train import train_eagle_main
+    from phloem.training.eagle_head import train_eagle_main
 
     return int(train_eagle_main(ns.rest) or 0)
 

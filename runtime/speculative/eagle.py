@@ -23,8 +23,9 @@ One speculative cycle for a request whose newest token ``t_n`` (position ``n``) 
 
 Tree nodes' draft KV lives in temporary tensors for the duration of one drafting call; only
 catch-up writes the request's committed draft cache. A step drafts and catches up the whole batch
-at once (:meth:`EagleDraftWorker.draft_many`, :meth:`EagleDraftWorker.extend_many`); ``draft``
-(one request, node by node) is kept as their reference for tests.
+at once (:meth:`EagleDraftWorker.draft_many`, :meth:`EagleDraftWorker.extend_many`); the tests
+check them against a reference that grows one request's tree node by node
+(``tests/oracles/eagle_reference.py``).
 """
 
 from __future__ import annotations
@@ -448,16 +449,6 @@ class _DraftAhead:
         return EagleDraftWorker.trees(roots, self.host[idx])
 
 
-@dataclass
-class _Node:
-    token: int  # target vocabulary id
-    parent: int  # index into the candidate list (root = 0)
-    score: float  # cumulative draft log probability
-    depth: int
-    temp: int = -1  # index of its K/V in the temporary tensors once expanded
-    ancestors: tuple[int, ...] = ()  # temp indices of expanded ancestors (root excluded)
-
-
 class EagleDraftWorker:
     """Runs an :class:`EagleHead` for many sequences: prefill/catch-up and tree drafting.
 
@@ -824,70 +815,3 @@ class EagleDraftWorker:
         """The trees of :meth:`_select_core`'s output (one device->host copy)."""
         return [DraftTree(tokens=[root, *toks], parents=[-1, *pars])
                 for root, (toks, pars) in zip(roots, picked.tolist())]  # fmt: skip
-
-    def draft(self, seq: int, root_token: int) -> DraftTree:
-        """Reference for :meth:`draft_many` (tests only): one tree grown node by node, with a
-        host sync per level. See the module docstring."""
-        return self._select(self._grow(seq, root_token))
-
-    @torch.inference_mode()
-    def _grow(self, seq: int, root_token: int) -> list[_Node]:
-        """Reference for :meth:`_grow_many`: the root and every candidate, in creation order."""
-        k_c, v_c = self.cache.get(seq)
-        committed = k_c.shape[0]
-        root_pos = self.offset.get(seq, 0) + committed - 1
-        root_g = self.root_feature(seq)[None]
-        nodes = [_Node(root_token, -1, 0.0, 0)]
-        frontier = self._children(nodes, [0], *self._top(root_g, self.topk))
-        parent_feature = root_g.expand(len(frontier), -1)
-        temp_k = k_c.new_empty((0, *k_c.shape[1:]))
-        temp_v = temp_k
-        for _ in range(self.num_steps - 1):
-            if not frontier:
-                break
-            ids = torch.tensor([nodes[i].token for i in frontier], device=k_c.device)
-            positions = torch.tensor([root_pos + nodes[i].depth for i in frontier], device=k_c.device)
-            x, q, k, v = self.head.project(F.embedding(ids, self.embed_weight), parent_feature, positions)
-            base = temp_k.shape[0]
-            temp_k, temp_v = torch.cat([temp_k, k]), torch.cat([temp_v, v])
-            mask = torch.zeros(
-                len(frontier), committed + temp_k.shape[0], dtype=torch.bool, device=k_c.device
-            )
-            mask[:, :committed] = True
-            for row, i in enumerate(frontier):
-                node = nodes[i]
-                node.temp = base + row
-                node.ancestors = nodes[node.parent].ancestors + (
-                    (nodes[node.parent].temp,) if node.parent != 0 else ()
-                )
-                mask[row, [committed + t for t in (*node.ancestors, node.temp)]] = True
-            g = self.head.finish(x, _attend(q, torch.cat([k_c, temp_k]), torch.cat([v_c, temp_v]), mask))
-            new = self._children(nodes, frontier, *self._top(g, self.topk))
-            # expand the topk best new nodes next, each with its parent's predicted feature
-            row_of = {i: r for r, i in enumerate(frontier)}
-            frontier = sorted(new, key=lambda i: -nodes[i].score)[: self.topk]
-            parent_feature = g[[row_of[nodes[i].parent] for i in frontier]] if frontier else g[:0]
-        return nodes
-
-    def _children(self, nodes: list[_Node], parents: list[int], top: torch.Tensor, idx: torch.Tensor) -> list[int]:
-        """Add the ``topk`` best children of each parent (rows of :meth:`_top`); returns their indices."""
-        tokens = self.token_map[idx].tolist()
-        scores = top.tolist()  # one device sync, not one per node
-        added = []
-        for row, p in enumerate(parents):
-            for j in range(self.topk):
-                nodes.append(_Node(tokens[row][j], p, nodes[p].score + scores[row][j], nodes[p].depth + 1))
-                added.append(len(nodes) - 1)
-        return added
-
-    def _select(self, nodes: list[_Node]) -> DraftTree:
-        """Root + the ``num_draft_tokens - 1`` best nodes by cumulative log prob. A child never
-        scores above its parent and the sort is stable over creation order, so the kept set is
-        closed under taking parents."""
-        order = sorted(range(1, len(nodes)), key=lambda i: -nodes[i].score)[: self.num_draft_tokens - 1]
-        keep = [0, *sorted(order)]
-        new_index = {old: new for new, old in enumerate(keep)}
-        return DraftTree(
-            tokens=[nodes[i].token for i in keep],
-            parents=[-1, *(new_index[nodes[i].parent] for i in keep[1:])],
-        )

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 def setup():
     from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
     from phloem.runtime.model_files import resolve_model
-    from phloem.runtime.speculative.train import encode_prompts
+    from phloem.training.eagle_head import encode_prompts
     from phloem.runtime.tokenizer.tokenizer import load_tokenizer
 
     torch.set_num_threads(1)

@@ -11,6 +11,7 @@ import torch
 from phloem.runtime.executor.model_runner import ModelRunner
 from phloem.runtime.speculative.eagle import EagleConfig, EagleDraftWorker, EagleHead
 
+from tests.oracles import eagle_reference as oracle
 from tests.unit.tiny_model import tiny_runner
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -71,12 +72,12 @@ def test_draft_many_equals_per_request_draft(runner, num_steps, topk, num_draft_
         tokens, scores, parents = w._grow_many(seqs)  # every candidate, not only the kept ones
         trees = w.draft_many(seqs, roots)
         for b, (s, root, tree) in enumerate(zip(seqs, roots, trees)):
-            nodes = w._grow(s, root)[1:]
+            nodes = oracle.grow(w, s, root)[1:]
             assert tokens[b].tolist() == [n.token for n in nodes], (step, s)
             assert parents[b].tolist() == [n.parent for n in nodes], (step, s)
             want = torch.tensor([n.score for n in nodes], dtype=torch.float64)
             torch.testing.assert_close(scores[b], want, atol=1e-4, rtol=1e-4)
-            ref = w.draft(s, root)
+            ref = oracle.draft(w, s, root)
             assert (tree.tokens, tree.parents) == (ref.tokens, ref.parents), (step, s)
         # commit a different number of tokens per sequence, as verify would
         tokens, feats = catch_up_inputs(w, [1 + (i + step) % 3 for i in range(len(seqs))], seed=step)
@@ -132,7 +133,7 @@ def test_released_row_is_reused_without_leftovers(runner):
     fresh = random_worker(runner, seed=4, num_steps=3, topk=3, num_draft_tokens=8)
     start(fresh, [9], [5], seed=2)
     assert_same_state(w, fresh, [9])
-    got, alone, ref = w.draft_many([0, 9, 2], [1, 2, 3])[1], fresh.draft_many([9], [2])[0], w.draft(9, 2)
+    got, alone, ref = w.draft_many([0, 9, 2], [1, 2, 3])[1], fresh.draft_many([9], [2])[0], oracle.draft(w, 9, 2)
     assert (got.tokens, got.parents) == (alone.tokens, alone.parents) == (ref.tokens, ref.parents)
     for s in (0, 2, 9):
         w.release(s)

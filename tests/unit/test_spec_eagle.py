@@ -13,12 +13,12 @@ from phloem.runtime.speculative.eagle import (
     EagleConfig,
     EagleDraftWorker,
     EagleHead,
-    _Node,
     load_eagle_head,
     save_eagle_head,
 )
 from phloem.runtime.speculative.tree import DraftTree
 
+from tests.oracles import eagle_reference as oracle
 from tests.unit.tiny_model import tiny_runner
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
@@ -51,15 +51,15 @@ PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [100, 200, 300, 100, 200], [42, 17]]
 def test_select_keeps_best_nodes_closed_under_parents(runner):
     w = worker_for(runner, make_head(runner), num_steps=3, topk=2, num_draft_tokens=4)
     nodes = [
-        _Node(9, -1, 0.0, 0),
-        _Node(1, 0, -0.1, 1),  # 1
-        _Node(2, 0, -2.0, 1),  # 2
-        _Node(3, 1, -0.1, 2),  # 3: ties with its parent: the parent must still come first
-        _Node(4, 1, -3.0, 2),  # 4
-        _Node(5, 2, -2.5, 2),  # 5
-        _Node(6, 3, -0.5, 3),  # 6
+        oracle.Node(9, -1, 0.0, 0),
+        oracle.Node(1, 0, -0.1, 1),  # 1
+        oracle.Node(2, 0, -2.0, 1),  # 2
+        oracle.Node(3, 1, -0.1, 2),  # 3: ties with its parent: the parent must still come first
+        oracle.Node(4, 1, -3.0, 2),  # 4
+        oracle.Node(5, 2, -2.5, 2),  # 5
+        oracle.Node(6, 3, -0.5, 3),  # 6
     ]
-    tree = w._select(nodes)
+    tree = oracle.select(w, nodes)
     assert tree.tokens == [9, 1, 3, 6] and tree.parents == [-1, 0, 1, 2]
 
 
@@ -72,7 +72,7 @@ def test_draft_tree_shapes(runner, num_steps, topk, num_draft_tokens, size):
         runner, make_head(runner), num_steps=num_steps, topk=topk, num_draft_tokens=num_draft_tokens
     )
     w.prefill(0, PROMPTS[0], torch.randn(len(PROMPTS[0]) - 1, runner.model_config.hidden_size))
-    tree = w.draft(0, PROMPTS[0][-1])
+    tree = oracle.draft(w, 0, PROMPTS[0][-1])
     assert isinstance(tree, DraftTree) and len(tree) == size
     assert tree.tokens[0] == PROMPTS[0][-1] and max(tree.depths) <= num_steps
     if topk == 1:
@@ -86,7 +86,7 @@ def test_chain_draft_equals_step_by_step_extension(runner):
     w = worker_for(runner, head, num_steps=4, topk=1)
     h = runner.model_config.hidden_size
     w.prefill(0, PROMPTS[0], torch.randn(len(PROMPTS[0]) - 1, h, generator=torch.Generator().manual_seed(0)))
-    chain = w.draft(0, PROMPTS[0][-1]).tokens[1:]
+    chain = oracle.draft(w, 0, PROMPTS[0][-1]).tokens[1:]
     ref = copy.deepcopy(w)
     manual = []
     for _ in range(4):
@@ -105,7 +105,7 @@ def test_sibling_expansion_matches_separate_paths(runner):
     feats = torch.randn(len(PROMPTS[1]) - 1, h, generator=torch.Generator().manual_seed(1))
     w = worker_for(runner, head, num_steps=3, topk=2, num_draft_tokens=100)
     w.prefill(0, PROMPTS[1], feats)
-    tree = w.draft(0, PROMPTS[1][-1])
+    tree = oracle.draft(w, 0, PROMPTS[1][-1])
     children = tree.children()
     for c in children[0]:  # level-1 nodes (both expanded: topk == 2)
         ref = copy.deepcopy(w)

@@ -14,7 +14,7 @@ from phloem.runtime.cache.allocator import TokenSlotAllocator
 from phloem.runtime.speculative import DEFAULT_EAGLE_HEAD
 from phloem.runtime.speculative.decoding import target_forward
 from phloem.runtime.speculative.eagle import EagleConfig, EagleHead, load_eagle_head
-from phloem.runtime.speculative.train import (
+from phloem.training.eagle_head import (
     DEFAULT_PROMPTS,
     TrainConfig,
     TrainingData,
@@ -58,7 +58,7 @@ def test_prompt_file_is_varied():
 
 
 def test_mixed_prompts_are_distinct_seeded_and_avoid_the_heldout_set():
-    from phloem.runtime.speculative.prompt_mix import mixed_prompts
+    from phloem.training.prompt_mix import mixed_prompts
 
     a = mixed_prompts(2000, seed=0)
     assert len(a) == len(set(a)) == 2000
@@ -67,7 +67,7 @@ def test_mixed_prompts_are_distinct_seeded_and_avoid_the_heldout_set():
 
 
 def test_mixed_prompts_reach_thousands_across_families():
-    from phloem.runtime.speculative.prompt_mix import mixed_prompts, prompt_families
+    from phloem.training.prompt_mix import mixed_prompts, prompt_families
 
     a = mixed_prompts(6000, seed=0)
     assert len(set(a)) == 6000

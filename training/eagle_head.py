@@ -200,83 +200,127 @@ def answer_and_record(
         cols = _ranges(span)  # slots[k] serves position cols[k] of sequence owner[k]
         owner = torch.repeat_interleave(torch.arange(b), span)
         table[rows_h[owner].to(dev), cols.to(dev)] = slots.to(dev)
-
-        # ---- prefill: every prompt position's feature and label, the first answer token
-        first = torch.cumsum(span, 0) - span
-        pos = _ranges(plen)
-        prefill = ForwardInput(
-            mode=ForwardMode.EXTEND,
-            input_ids=torch.tensor([t for p in prompts for t in p], dtype=torch.int64),
-            positions=pos,
-            out_slots=slots[torch.repeat_interleave(first, plen) + pos],
-            req_pool_indices=rows_h, seq_lens=plen, prefix_lens=torch.zeros_like(plen), extend_lens=plen,
-            sampling=greedy_sampling_info(b),
-        ).to(dev)  # fmt: skip
-        hidden_p = _target_pass(runner, prefill)  # [T, H]
-        labels_p = _argmax_labels(runner, hidden_p)  # [T]
+        prefill, hidden_p, labels_p = _record_prompts(runner, prompts, plen, span, slots, rows_h)
         last = (torch.cumsum(plen, 0) - 1).to(dev)
         picker = _Picker(sampled or [False] * b, sampling, seed, dev)
-
-        # ---- decode: step s picks answer token s of each running row, then feeds it to the
-        # target at position plen[i] + s, which records that position's feature and label
-        m = max_new - 1
-        toks = torch.zeros(b, max_new, dtype=torch.int64, device=dev)  # answer tokens
-        feats = hidden_p.new_zeros(b, m, hidden_p.shape[1])
-        labs = torch.zeros(b, m, dtype=torch.int64, device=dev)
-        ans_len = torch.full((b,), max_new, dtype=torch.int64, device=dev)
-        done = torch.zeros(b, dtype=torch.bool, device=dev)
-        stops = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=dev)
-        act = torch.arange(b, device=dev)
-        logits = runner.model.compute_logits(hidden_p[last])  # [B, V]
-        top = logits.argmax(-1)
-        compact_below = 1.0 if dev.type == "cpu" else 0.5
-        rows_d, plen_d = rows_h.to(dev), plen.to(dev)
-        for s in range(max_new):
-            tok = picker.pick(logits, top, act)
-            toks[act, s] = tok
-            hit = torch.isin(tok, stops) & ~done[act]
-            ans_len.index_copy_(0, act, torch.where(hit, s + 1, ans_len[act]))
-            done.index_copy_(0, act, done[act] | hit)
-            if s == m:
-                break
-            running = int((~done[act]).sum())  # the step's one host sync
-            if running == 0:
-                break
-            if running < compact_below * act.numel():
-                act = act[~done[act]]
-            p = plen_d[act] + s
-            fi = ForwardInput(
-                mode=ForwardMode.DECODE, input_ids=toks[act, s],
-                positions=p, out_slots=table[rows_d[act], p], req_pool_indices=rows_d[act],
-                seq_lens=p + 1, prefix_lens=p, extend_lens=torch.ones_like(p),
-                sampling=greedy_sampling_info(act.numel()),
-            )  # fmt: skip
-            h = _target_pass(runner, fi)  # [A, H]
-            logits = runner.model.compute_logits(h)
-            top = logits.argmax(-1)
-            feats[act, s] = h
-            labs[act, s] = top
-
-        # ---- one gather per batch: prompt rows, then the answer rows that precede its last token
-        n_ans = ans_len.tolist()
-        starts_p = (torch.cumsum(plen, 0) - plen).tolist()
-        t_total = hidden_p.shape[0]
-        idx = torch.cat([
-            torch.cat([torch.arange(a, a + n), t_total + i * m + torch.arange(k - 1)])
-            for i, (a, n, k) in enumerate(zip(starts_p, plen.tolist(), n_ans))
-        ]).to(dev)  # fmt: skip
-        return Answers(
-            tokens=torch.cat([prefill.input_ids, toks[:, :m].reshape(-1)])[idx],
-            features=torch.cat([hidden_p, feats.reshape(-1, feats.shape[2])])[idx],
-            labels=torch.cat([labels_p, labs.reshape(-1)])[idx],
-            lengths=[n + k - 1 for n, k in zip(plen.tolist(), n_ans)],
-            prompt_lens=plen.tolist(),
-        )
+        decoded = _record_answers(runner, hidden_p[last], picker, plen, rows_h, max_new, stop_ids)
+        return _gather_answers(prefill.input_ids, hidden_p, labels_p, plen, decoded)
     finally:
         allocator.free(slots)
         for r in rows:
             if r is not None:
                 pool.free(r)
+
+
+def _record_prompts(
+    runner: Any,
+    prompts: list[list[int]],
+    plen: torch.Tensor,
+    span: torch.Tensor,
+    slots: torch.Tensor,
+    rows: torch.Tensor,
+) -> tuple[ForwardInput, torch.Tensor, torch.Tensor]:
+    """One extend pass over every prompt: its input, each position's feature ``[T, H]`` and label."""
+    first = torch.cumsum(span, 0) - span
+    pos = _ranges(plen)
+    prefill = ForwardInput(
+        mode=ForwardMode.EXTEND,
+        input_ids=torch.tensor([t for p in prompts for t in p], dtype=torch.int64),
+        positions=pos,
+        out_slots=slots[torch.repeat_interleave(first, plen) + pos],
+        req_pool_indices=rows, seq_lens=plen, prefix_lens=torch.zeros_like(plen), extend_lens=plen,
+        sampling=greedy_sampling_info(len(prompts)),
+    ).to(runner.device)  # fmt: skip
+    hidden = _target_pass(runner, prefill)
+    return prefill, hidden, _argmax_labels(runner, hidden)
+
+
+@dataclass
+class _Decoded:
+    tokens: torch.Tensor  # [B, max_new] answer tokens
+    features: torch.Tensor  # [B, max_new - 1, H]: the feature at answer position s (fed token s)
+    labels: torch.Tensor  # [B, max_new - 1]
+    lengths: torch.Tensor  # [B] answer length (up to and including a stop token)
+
+
+def _record_answers(
+    runner: Any,
+    hidden_last: torch.Tensor,
+    picker: _Picker,
+    plen: torch.Tensor,
+    rows: torch.Tensor,
+    max_new: int,
+    stop_ids: frozenset[int] | set[int],
+) -> _Decoded:
+    """Single-token decode passes: step s picks answer token s of each running row, then feeds it
+    to the target at position plen[i] + s, which records that position's feature and label.
+    ``hidden_last`` is each prompt's last feature. The only host sync per step reads how many rows
+    still run."""
+    dev, b = runner.device, plen.numel()
+    table = runner.req_to_token_pool.req_to_token
+    m = max_new - 1
+    out = _Decoded(
+        tokens=torch.zeros(b, max_new, dtype=torch.int64, device=dev),
+        features=hidden_last.new_zeros(b, m, hidden_last.shape[1]),
+        labels=torch.zeros(b, m, dtype=torch.int64, device=dev),
+        lengths=torch.full((b,), max_new, dtype=torch.int64, device=dev),
+    )
+    done = torch.zeros(b, dtype=torch.bool, device=dev)
+    stops = torch.tensor(sorted(stop_ids), dtype=torch.int64, device=dev)
+    act = torch.arange(b, device=dev)
+    logits = runner.model.compute_logits(hidden_last)  # [B, V]
+    top = logits.argmax(-1)
+    # finished rows leave the batch at once on the CPU; on a GPU only once half are done (the pass
+    # costs the same, and a steady batch size keeps compiled kernels reused)
+    compact_below = 1.0 if dev.type == "cpu" else 0.5
+    rows_d, plen_d = rows.to(dev), plen.to(dev)
+    for s in range(max_new):
+        tok = picker.pick(logits, top, act)
+        out.tokens[act, s] = tok
+        hit = torch.isin(tok, stops) & ~done[act]
+        out.lengths.index_copy_(0, act, torch.where(hit, s + 1, out.lengths[act]))
+        done.index_copy_(0, act, done[act] | hit)
+        if s == m:
+            break
+        running = int((~done[act]).sum())  # the step's one host sync
+        if running == 0:
+            break
+        if running < compact_below * act.numel():
+            act = act[~done[act]]
+        p = plen_d[act] + s
+        fi = ForwardInput(
+            mode=ForwardMode.DECODE, input_ids=out.tokens[act, s],
+            positions=p, out_slots=table[rows_d[act], p], req_pool_indices=rows_d[act],
+            seq_lens=p + 1, prefix_lens=p, extend_lens=torch.ones_like(p),
+            sampling=greedy_sampling_info(act.numel()),
+        )  # fmt: skip
+        h = _target_pass(runner, fi)  # [A, H]
+        logits = runner.model.compute_logits(h)
+        top = logits.argmax(-1)
+        out.features[act, s] = h
+        out.labels[act, s] = top
+    return out
+
+
+def _gather_answers(
+    prompt_ids: torch.Tensor, hidden_p: torch.Tensor, labels_p: torch.Tensor, plen: torch.Tensor, d: _Decoded
+) -> Answers:
+    """One gather per batch: each sequence's prompt rows, then the answer rows before its last token."""
+    m = d.features.shape[1]
+    n_ans = d.lengths.tolist()
+    starts_p = (torch.cumsum(plen, 0) - plen).tolist()
+    t_total = hidden_p.shape[0]
+    idx = torch.cat([
+        torch.cat([torch.arange(a, a + n), t_total + i * m + torch.arange(k - 1)])
+        for i, (a, n, k) in enumerate(zip(starts_p, plen.tolist(), n_ans))
+    ]).to(hidden_p.device)  # fmt: skip
+    return Answers(
+        tokens=torch.cat([prompt_ids, d.tokens[:, :m].reshape(-1)])[idx],
+        features=torch.cat([hidden_p, d.features.reshape(-1, d.features.shape[2])])[idx],
+        labels=torch.cat([labels_p, d.labels.reshape(-1)])[idx],
+        lengths=[n + k - 1 for n, k in zip(plen.tolist(), n_ans)],
+        prompt_lens=plen.tolist(),
+    )
 
 
 def _argmax_labels(runner: Any, hidden: torch.Tensor, chunk: int = 4096) -> torch.Tensor:
@@ -705,20 +749,7 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
                          max_total_tokens=max(1 << 15, cfg.gen_batch * (cfg.max_new_tokens + 320)),
                          max_running_requests=max(64, cfg.gen_batch), cuda_graph_max_bs=0,
                          cpu_threads=args.threads)  # fmt: skip
-    texts = read_prompts(args.prompts)
-    prompts, stop_ids = _tokenized_prompts(source, texts, runner.vocab_size, cfg)
-    if args.tiny:
-        prompts = prompts[: 8 + cfg.heldout]
-    heldout, train_prompts = prompts[: cfg.heldout], prompts[cfg.heldout :]
-    if args.mixed_prompts:
-        from phloem.runtime.speculative.prompt_mix import mixed_prompts
-
-        extra, _ = _tokenized_prompts(
-            source, mixed_prompts(args.mixed_prompts, cfg.seed), runner.vocab_size, cfg
-        )
-        train_prompts += extra
-    logger.info("%d training prompts, %d held out", len(train_prompts), len(heldout))
-
+    heldout, train_prompts, stop_ids = _split_prompts(args, source, runner.vocab_size, cfg)
     data = build_dataset(runner, train_prompts, cfg, stop_ids)
     model = runner.model
     embed = model.model.embed_tokens.weight.detach()  # on the runner's device
@@ -736,17 +767,7 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
     t_train = time.monotonic() - t_start - t_data
     del data
 
-    evals = {
-        "chain": dict(num_steps=4, topk=1, num_draft_tokens=5),
-        "tree": dict(num_steps=4, topk=4, num_draft_tokens=8),
-        "tree-16": dict(num_steps=6, topk=4, num_draft_tokens=16),  # a GPU verifies 16 nodes as fast as 8
-    }
-    accept = {
-        name: evaluate_acceptance(runner, head, heldout, max_new=cfg.eval_tokens, stop_ids=stop_ids, **kw)
-        for name, kw in evals.items()
-    }
-    for name, value in accept.items():
-        logger.info("held-out accept length (%s %s): %.3f", name, evals[name], value)
+    evals, accept = _evaluate(runner, head, heldout, cfg, stop_ids)
     info = {
         "target": source.name,
         "train_sequences": n_seqs,
@@ -766,6 +787,45 @@ def train_eagle_main(argv: list[str] | None = None) -> int:
     )
     print({"out": args.out, "heldout_accept_length": accept, "epochs": history})
     return 0
+
+
+# Held-out decoding settings: a chain, a tree, and the 16-node tree a GPU verifies as fast as 8.
+_EVALS: dict[str, dict[str, int]] = {
+    "chain": dict(num_steps=4, topk=1, num_draft_tokens=5),
+    "tree": dict(num_steps=4, topk=4, num_draft_tokens=8),
+    "tree-16": dict(num_steps=6, topk=4, num_draft_tokens=16),
+}
+
+
+def _split_prompts(
+    args: argparse.Namespace, source: Any, vocab: int, cfg: TrainConfig
+) -> tuple[list[list[int]], list[list[int]], set[int]]:
+    """The held-out prompts (the file's first ``cfg.heldout``), the training prompts (the rest of
+    the file plus ``--mixed-prompts`` templated ones) and the target's stop ids."""
+    prompts, stop_ids = _tokenized_prompts(source, read_prompts(args.prompts), vocab, cfg)
+    if args.tiny:
+        prompts = prompts[: 8 + cfg.heldout]
+    heldout, train_prompts = prompts[: cfg.heldout], prompts[cfg.heldout :]
+    if args.mixed_prompts:
+        from phloem.training.prompt_mix import mixed_prompts
+
+        extra, _ = _tokenized_prompts(source, mixed_prompts(args.mixed_prompts, cfg.seed), vocab, cfg)
+        train_prompts += extra
+    logger.info("%d training prompts, %d held out", len(train_prompts), len(heldout))
+    return heldout, train_prompts, stop_ids
+
+
+def _evaluate(
+    runner: Any, head: EagleHead, heldout: list[list[int]], cfg: TrainConfig, stop_ids: set[int]
+) -> tuple[dict[str, dict[str, int]], dict[str, float]]:
+    """Mean accept length on the held-out prompts, per setting of :data:`_EVALS`."""
+    accept = {
+        name: evaluate_acceptance(runner, head, heldout, max_new=cfg.eval_tokens, stop_ids=stop_ids, **kw)
+        for name, kw in _EVALS.items()
+    }
+    for name, value in accept.items():
+        logger.info("held-out accept length (%s %s): %.3f", name, _EVALS[name], value)
+    return _EVALS, accept
 
 
 def _tokenized_prompts(
