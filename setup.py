@@ -1,4 +1,4 @@
-"""Maps the top-level folders into the ``phloem`` namespace (see DESIGN.md §1)."""
+"""Maps the top-level folders into the ``phloem`` namespace (see docs/design.md §1)."""
 
 from setuptools import find_packages, setup
 

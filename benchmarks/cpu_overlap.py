@@ -1,4 +1,4 @@
-"""The overlap loop on the CPU, on and off: Engine decode at batch 1 (DESIGN.md §5).
+"""The overlap loop on the CPU, on and off: Engine decode at batch 1 (docs/design.md §5).
 
     python -m phloem.bench.cpu_overlap [--rounds 2] [--prompts 6] [--max-new-tokens 48]
 

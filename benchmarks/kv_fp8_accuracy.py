@@ -42,8 +42,8 @@ def _runner(kv_cache_dtype: str) -> Any:
 
 def _scored(runner: Any, ids: list[int]) -> tuple[torch.Tensor, list[int]]:
     """Logprob of each token after the first given the ones before it, and the top-1 token there."""
-    from phloem.runtime.executor.forward_io import LogprobRequest
     from phloem.runtime.executor.model_runner import DirectBatcher
+    from phloem.runtime.forward_io import LogprobRequest
 
     b = DirectBatcher(runner)
     seq = b.new_sequence()

@@ -1,4 +1,4 @@
-"""EAGLE accept length over a sweep of draft-tree shapes, greedy, at batch 1 on CPU (DESIGN.md §7).
+"""EAGLE accept length over a sweep of draft-tree shapes, greedy, at batch 1 on CPU (docs/design.md §7).
 
     python -m phloem.bench.spec_tree_sweep --configs "4,1,5;4,4,8;6,4,16" --max-new-tokens 64
 

@@ -1,4 +1,4 @@
-"""Speculative decoding at batch 1 on CPU: accept length and decode speedup (DESIGN.md §7, §11).
+"""Speculative decoding at batch 1 on CPU: accept length and decode speedup (docs/design.md §7, §11).
 
     python -m phloem.bench.speculative --prompts 4 --max-new-tokens 64
 

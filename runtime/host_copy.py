@@ -1,4 +1,4 @@
-"""Host-to-device copies that never stall the host (DESIGN.md §5, the overlap loop).
+"""Host-to-device copies that never stall the host (docs/design.md §5, the overlap loop).
 
 A copy from pageable host memory makes CUDA synchronize the stream before it starts: a scheduler
 thread that writes a few slot numbers into the device-side ``req_to_token`` would wait there for

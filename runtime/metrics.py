@@ -1,4 +1,4 @@
-"""Prometheus collectors for the serving process (DESIGN.md §10).
+"""Prometheus collectors for the serving process (docs/design.md §10).
 
 ``ServerMetrics`` owns a private ``CollectorRegistry`` so several engines (or tests) in one process
 never collide in the global registry. Two feeds update it:

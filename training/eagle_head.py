@@ -1,4 +1,4 @@
-"""Train an EAGLE draft head for a target model, from the target's own outputs (DESIGN.md §7).
+"""Train an EAGLE draft head for a target model, from the target's own outputs (docs/design.md §7).
 
 ``phloem train-eagle --target PATH --out HEAD.safetensors`` runs :func:`train_eagle_main`::
 
@@ -39,8 +39,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from phloem.runtime.cache.allocator import TokenSlotAllocator
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
 from phloem.runtime.executor.model_runner import greedy_sampling_info
+from phloem.runtime.forward_io import ForwardInput, ForwardMode
 from phloem.runtime.speculative.decoding import EagleDrafter, SpeculativeDecoder
 from phloem.runtime.speculative.eagle import EagleConfig, EagleDraftWorker, EagleHead, save_eagle_head
 from phloem.runtime.speculative.verify import SpecSampling, target_probs

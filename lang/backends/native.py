@@ -1,4 +1,4 @@
-"""Shared mapping for backends that speak SGLang's native ``/generate`` contract (DESIGN.md §8).
+"""Shared mapping for backends that speak SGLang's native ``/generate`` contract (docs/design.md §8).
 
 :class:`RuntimeEndpoint` (HTTP) and :class:`EngineBackend` (in-process) differ only in how a payload
 travels; this module builds the payloads and reads the responses.

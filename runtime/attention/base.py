@@ -1,4 +1,4 @@
-"""The attention backend interface (DESIGN.md §5).
+"""The attention backend interface (docs/design.md §5).
 
 A backend reads and writes the paged KV pool. Per forward pass the model runner calls
 :meth:`AttentionBackend.init_metadata` once; then every attention layer calls
@@ -12,17 +12,18 @@ where ``T`` is the number of new tokens in the batch (flat, requests back to bac
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
-from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.forward_io import ForwardMode
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 if TYPE_CHECKING:
     from phloem.runtime.cache.host_pool import LayerReadiness
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-    from phloem.runtime.executor.forward_io import ForwardInput
+    from phloem.runtime.forward_io import ForwardInput
 
 __all__ = ["AttentionBackend", "QKNorm"]
 
@@ -157,3 +158,25 @@ def varying_shape_sdpa(
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kw)
     with sdpa_kernel(_VARYING_SHAPE_BACKENDS):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, **kw)
+
+
+def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
+    """The attention mask of a draft tree (``parents[i] < i``), bool ``[n, n]``: ``mask[i, j]`` is
+    True when node ``j`` is ``i`` itself or an ancestor of ``i``.
+
+    Equivalent loop::
+
+        for i in range(n):
+            j = i
+            while j != -1:
+                mask[i, j] = True
+                j = parents[j]
+    """
+    n = len(parents)
+    mask = torch.zeros(n, n, dtype=torch.bool)
+    for i in range(n):
+        p = parents[i]
+        if p >= 0:
+            mask[i] = mask[p]  # a node sees what its parent sees ...
+        mask[i, i] = True  # ... and itself
+    return mask.to(device)

@@ -1,4 +1,4 @@
-"""Batch-invariant attention (deterministic mode, DESIGN.md §5): every query row on its own.
+"""Batch-invariant attention (deterministic mode, docs/design.md §5): every query row on its own.
 
 A token's attention output must not depend on the batch it ran in: not on the other requests,
 not on whether its request was extending (prefill, chunked prefill, extend over a cached prefix)
@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from phloem.runtime.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
-    from phloem.runtime.executor.forward_io import ForwardInput
+    from phloem.runtime.forward_io import ForwardInput
 
 __all__ = ["BatchInvariantBackend"]
 

@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING
 import flashinfer  # noqa: F401  (ImportError here is the registry's signal to skip this backend)
 import torch
 from phloem.runtime.attention.base import AttentionBackend
-from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.forward_io import ForwardMode
 
 if TYPE_CHECKING:
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-    from phloem.runtime.executor.forward_io import ForwardInput
+    from phloem.runtime.forward_io import ForwardInput
 
 __all__ = ["FlashInferBackend"]
 

@@ -11,12 +11,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from phloem.runtime.attention.base import AttentionBackend
+from phloem.runtime.attention.base import AttentionBackend, ancestor_mask
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
-from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.forward_io import ForwardMode
 
 if TYPE_CHECKING:
-    from phloem.runtime.executor.forward_io import ForwardInput
+    from phloem.runtime.forward_io import ForwardInput
 
 __all__ = ["TorchRefBackend"]
 
@@ -56,8 +56,6 @@ class TorchRefBackend(AttentionBackend):
             start += e
 
     def _init_verify(self, rows: torch.Tensor, fi: ForwardInput) -> None:
-        from phloem.runtime.speculative.tree import ancestor_mask
-
         assert fi.tree_parents is not None, "TARGET_VERIFY needs tree_parents"
         prefix, extend = fi.prefix_lens.tolist(), fi.extend_lens.tolist()
         self.extend_plan = []

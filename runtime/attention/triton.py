@@ -24,12 +24,12 @@ from phloem.runtime.attention.triton_kernels import (
     extend_attention,
     extend_block_table,
 )
-from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.layers.fused_triton import rope_store_
 from phloem.runtime.layers.fusion import use_fused
 
 if TYPE_CHECKING:
-    from phloem.runtime.executor.forward_io import ForwardInput
+    from phloem.runtime.forward_io import ForwardInput
 
 __all__ = ["ROPE_IN_DECODE", "TritonBackend"]
 

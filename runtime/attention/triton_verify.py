@@ -1,4 +1,4 @@
-"""Tree-verify attention in Triton: every request's draft tree in one launch (DESIGN.md §7).
+"""Tree-verify attention in Triton: every request's draft tree in one launch (docs/design.md §7).
 
 Layout: ``B`` requests, each with exactly ``N`` tree nodes (shorter trees are padded), flat::
 

@@ -1,4 +1,4 @@
-"""Hierarchical KV cache controller (DESIGN.md §3, HiCache): device -> host -> storage.
+"""Hierarchical KV cache controller (docs/design.md §3, HiCache): device -> host -> storage.
 
 The radix tree records where each node's KV lives (device, host or both); this controller moves it
 between tiers and decides when. The ``CacheManager`` calls it at fixed points of a request's life:

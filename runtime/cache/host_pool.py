@@ -1,4 +1,4 @@
-"""Host tier of the KV cache (DESIGN.md §3, HiCache): a host-memory copy of the device pool's layout.
+"""Host tier of the KV cache (docs/design.md §3, HiCache): a host-memory copy of the device pool's layout.
 
 ``HostKVPool`` holds, per layer, K and V tensors ``[num_slots, kv_heads, head_dim]`` in host memory
 (pinned when the device pool is on CUDA), with its own slot allocator; slot 0 is never handed out,

@@ -1,4 +1,4 @@
-"""Device-side KV storage (DESIGN.md §3): one slot per token, addressed through ``req_to_token``.
+"""Device-side KV storage (docs/design.md §3): one slot per token, addressed through ``req_to_token``.
 
 ``KVPool`` holds, per layer, K and V tensors ``[num_slots, kv_heads, head_dim]``. Slot 0 is the
 padding slot: padded rows of a batch write there and it is never handed out by the allocator.

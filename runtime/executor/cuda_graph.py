@@ -1,4 +1,4 @@
-"""CUDA-graph capture and replay of decode steps (DESIGN.md §5).
+"""CUDA-graph capture and replay of decode steps (docs/design.md §5).
 
 One graph per captured batch size (1, 2, 4, 8, then every 16 up to ``max_bs``), all sharing one
 memory pool. A decode batch of ``B`` rows replays the smallest captured size ``>= B``: its inputs
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
+from phloem.runtime.forward_io import ForwardInput, ForwardMode
 
 if TYPE_CHECKING:
     from phloem.runtime.attention.base import AttentionBackend
@@ -243,7 +243,7 @@ _PADDING_ROW = np.array([[0], [PADDING_SLOT], [0], [1]], dtype=np.int64)
 def stage_step_rows(block: np.ndarray, fi: ForwardInput, padded: int) -> None:
     """The graph inputs of every step of continuous decode batch ``fi`` (host tensors) into
     ``block`` ``[K, 4, >= padded]``: step ``j`` reads position and length ``+ j`` and writes
-    ``step_slots[j]``, as :func:`~phloem.runtime.executor.forward_io.decode_step_input` gives it;
+    ``step_slots[j]``, as :func:`~phloem.runtime.forward_io.decode_step_input` gives it;
     columns ``bs:padded`` are padding rows."""
     assert fi.step_slots is not None
     steps, bs = fi.decode_steps, fi.batch_size

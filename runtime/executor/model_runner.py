@@ -1,4 +1,4 @@
-"""``ModelRunner``: from a model source to logits and sampled tokens (DESIGN.md §5).
+"""``ModelRunner``: from a model source to logits and sampled tokens (docs/design.md §5).
 
 Owns the model, the KV pool, the ``req_to_token`` table and the attention backend. One call to
 :meth:`ModelRunner.forward` runs one batch: move the :class:`ForwardInput` to the device, run the
@@ -34,7 +34,7 @@ import torch
 from phloem.runtime.attention.registry import get_attention_backend_class, resolve_attention_backend
 from phloem.runtime.cache.host_pool import KVLoad, LayerReadiness, LayerwiseLoader
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-from phloem.runtime.executor.forward_io import (
+from phloem.runtime.forward_io import (
     ForwardInput,
     ForwardMode,
     ForwardOutput,

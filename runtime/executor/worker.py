@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 from phloem.runtime.cache.host_pool import KVLoad
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardOutput, decode_step_input
+from phloem.runtime.forward_io import ForwardInput, ForwardOutput, decode_step_input
 from phloem.runtime.host_copy import to_device
 
 

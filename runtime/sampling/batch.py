@@ -21,7 +21,7 @@ from typing import Protocol
 
 import numpy as np
 import torch
-from phloem.runtime.executor.forward_io import SamplingInfo
+from phloem.runtime.forward_io import SamplingInfo
 from phloem.runtime.host_copy import pack_to_device
 from phloem.runtime.sampling.params import SamplingParams
 

@@ -1,4 +1,4 @@
-"""Turn a batch of logits into next tokens (DESIGN.md §5).
+"""Turn a batch of logits into next tokens (docs/design.md §5).
 
 Order of operations for row ``b`` (every step is vectorized over the batch)::
 
@@ -27,7 +27,7 @@ import functools
 from collections.abc import Callable
 
 import torch
-from phloem.runtime.executor.forward_io import SamplingInfo
+from phloem.runtime.forward_io import SamplingInfo
 from phloem.runtime.layers.fusion import use_fused
 
 try:

@@ -1,4 +1,4 @@
-"""Stop conditions, checked by the scheduler after every step (DESIGN.md §2, step 6).
+"""Stop conditions, checked by the scheduler after every step (docs/design.md §2, step 6).
 
 A step may append several tokens (speculative decoding, jump-forward), so each condition is
 located at the token that triggers it and the earliest one wins; on a tie the order is

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
+from phloem.runtime.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
 from phloem.runtime.host_copy import pack_to_device, to_device
 from phloem.runtime.scheduler.req import Req
 

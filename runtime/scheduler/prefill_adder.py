@@ -1,4 +1,4 @@
-"""Admission as a budget object (DESIGN.md §4).
+"""Admission as a budget object (docs/design.md §4).
 
 A ``PrefillAdder`` is built once per scheduling round. It takes waiting requests in order while
 three budgets hold:

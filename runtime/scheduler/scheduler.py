@@ -1,4 +1,4 @@
-"""The scheduler loop (DESIGN.md §4): receive, schedule, run, process.
+"""The scheduler loop (docs/design.md §4): receive, schedule, run, process.
 
 CPU bookkeeping only. The loop reads aloud::
 
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
+from phloem.runtime.forward_io import ForwardMode, ForwardOutput
 from phloem.runtime.host_copy import to_device
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.batch import (

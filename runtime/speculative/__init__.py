@@ -1,4 +1,4 @@
-"""Speculative decoding (DESIGN.md §7): n-gram and EAGLE proposers, tree verification, head training.
+"""Speculative decoding (docs/design.md §7): n-gram and EAGLE proposers, tree verification, head training.
 
 Importing this package is cheap; the modules load torch when imported themselves.
 """

@@ -24,8 +24,8 @@ from typing import Any, Protocol
 
 import torch
 from phloem.runtime.cache.allocator import TokenSlotAllocator
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
 from phloem.runtime.executor.model_runner import greedy_sampling_info
+from phloem.runtime.forward_io import ForwardInput, ForwardMode
 from phloem.runtime.speculative.eagle import EagleDraftWorker
 from phloem.runtime.speculative.ngram import NgramProposer
 from phloem.runtime.speculative.tree import DraftTree

@@ -1,4 +1,4 @@
-"""The EAGLE draft and catch-up as CUDA graphs (DESIGN.md §5, §7).
+"""The EAGLE draft and catch-up as CUDA graphs (docs/design.md §5, §7).
 
 Eager, one tree level of :meth:`EagleDraftWorker.draft_many` is ~40 small kernels launched from
 Python, so a draft of four levels costs milliseconds of host time for microseconds of GPU work.

@@ -1,4 +1,4 @@
-"""EAGLE draft head, its KV cache and tree drafting (DESIGN.md §7).
+"""EAGLE draft head, its KV cache and tree drafting (docs/design.md §7).
 
 The head predicts the target's next *feature* (final hidden state) from the previous feature
 and the current token, then reads tokens off it with the target's own LM head::

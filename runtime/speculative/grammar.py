@@ -1,4 +1,4 @@
-"""Grammar masks over a draft tree, for constrained requests that speculate (DESIGN.md §7).
+"""Grammar masks over a draft tree, for constrained requests that speculate (docs/design.md §7).
 
 Plain constrained decoding masks one row of logits with the grammar's state after every output
 token. A verify pass scores a whole tree at once, so every node needs the mask of the state

@@ -1,4 +1,4 @@
-"""N-gram proposer: drafts from the request's own context, no draft model (DESIGN.md §7).
+"""N-gram proposer: drafts from the request's own context, no draft model (docs/design.md §7).
 
 The longest suffix of the context (at most ``max_ngram`` tokens, at least ``min_ngram``) that
 occurred earlier in the context is located at its most recent earlier occurrence; the tokens that

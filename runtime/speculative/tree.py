@@ -1,4 +1,4 @@
-"""Draft trees: the tokens one verify pass checks for one request (DESIGN.md §7).
+"""Draft trees: the tokens one verify pass checks for one request (docs/design.md §7).
 
 A tree of ``n`` nodes is two parallel lists::
 
@@ -11,7 +11,8 @@ Parents always precede their children (``parents[i] < i``), so node 0 is the roo
 prefix of the node list is itself a tree. A chain is the tree with ``parents[i] == i - 1``.
 
 Node ``i`` sits at sequence position ``kv_len + depth[i]`` and, in attention, sees the cached
-prefix plus its ancestors and itself: row ``i`` of :func:`ancestor_mask`.
+prefix plus its ancestors and itself: row ``i`` of
+:func:`~phloem.runtime.attention.base.ancestor_mask`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DraftTree", "ancestor_mask", "tree_depths"]
+__all__ = ["DraftTree", "tree_depths"]
 
 
 @dataclass
@@ -72,24 +73,3 @@ def tree_depths(parents: Sequence[int]) -> list[int]:
     for i in range(1, len(parents)):
         depths[i] = depths[parents[i]] + 1
     return depths
-
-
-def ancestor_mask(parents: Sequence[int], device: torch.device | str = "cpu") -> torch.Tensor:
-    """Bool ``[n, n]``: ``mask[i, j]`` is True when node ``j`` is ``i`` itself or an ancestor of ``i``.
-
-    Equivalent loop::
-
-        for i in range(n):
-            j = i
-            while j != -1:
-                mask[i, j] = True
-                j = parents[j]
-    """
-    n = len(parents)
-    mask = torch.zeros(n, n, dtype=torch.bool)
-    for i in range(n):
-        p = parents[i]
-        if p >= 0:
-            mask[i] = mask[p]  # a node sees what its parent sees ...
-        mask[i, i] = True  # ... and itself
-    return mask.to(device)

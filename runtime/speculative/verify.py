@@ -1,4 +1,4 @@
-"""Verify draft trees with one target pass, accept the longest valid path (DESIGN.md §7).
+"""Verify draft trees with one target pass, accept the longest valid path (docs/design.md §7).
 
 One call of :meth:`TreeVerifier.verify` handles a batch. For request ``r`` with ``kv_len``
 cached tokens and a draft tree of ``n`` nodes (node 0 is the newest token, whose KV is not
@@ -36,11 +36,11 @@ from typing import Any
 
 import torch
 from phloem.grammars.bitmask import apply_bitmask
-from phloem.runtime.attention.base import AttentionBackend, varying_shape_sdpa
-from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.attention.base import AttentionBackend, ancestor_mask, varying_shape_sdpa
+from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.host_copy import to_device
 from phloem.runtime.sampling.sampler import GREEDY_EPS, min_p_drop_mask, top_k_top_p_drop_mask
-from phloem.runtime.speculative.tree import DraftTree, ancestor_mask
+from phloem.runtime.speculative.tree import DraftTree
 
 __all__ = [
     "SpecSampling",

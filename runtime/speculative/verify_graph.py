@@ -1,4 +1,4 @@
-"""The verify pass on CUDA: padded trees, Triton tree attention, CUDA graphs (DESIGN.md §5, §7).
+"""The verify pass on CUDA: padded trees, Triton tree attention, CUDA graphs (docs/design.md §5, §7).
 
 Every request's tree is padded to ``nodes`` (the step's largest tree), so a verify batch of ``B``
 requests is always ``B * nodes`` tokens and its shapes depend on ``B`` alone. That makes it a
@@ -26,13 +26,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from phloem.runtime.attention.base import ancestor_mask
 from phloem.runtime.attention.triton import TritonBackend
 from phloem.runtime.attention.triton_verify import tree_verify_attention, tree_verify_reference
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
-from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.host_copy import pack_to_device
-from phloem.runtime.speculative.tree import ancestor_mask
 
 __all__ = ["TreeVerifyBackend", "VerifyGraphRunner"]
 

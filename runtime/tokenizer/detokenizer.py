@@ -1,4 +1,4 @@
-"""Incremental detokenization and stop-string handling for one request (DESIGN.md §2, step ⑦).
+"""Incremental detokenization and stop-string handling for one request (docs/design.md §2, step ⑦).
 
 Pure logic, no process: the detokenizer process keeps one :class:`RequestDecoder` per request and
 pushes each batch of new token ids through it.

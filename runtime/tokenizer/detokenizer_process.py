@@ -1,4 +1,4 @@
-"""⑦ The detokenizer process: token ids in, text deltas out (DESIGN.md §2 step 7).
+"""⑦ The detokenizer process: token ids in, text deltas out (docs/design.md §2 step 7).
 
 Per request it keeps an incremental decoder (holds back a split multi-byte character) and, for
 streaming requests with stop strings, holds back text that could be the start of a stop string.

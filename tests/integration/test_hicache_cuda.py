@@ -35,8 +35,8 @@ def runner():
 
 def one_token(runner, mode, row: int, token: int, position: int, slot: int):
     """A one-token pass of request row ``row`` at ``position``, its KV written at ``slot``."""
-    from phloem.runtime.executor.forward_io import ForwardInput
     from phloem.runtime.executor.model_runner import greedy_sampling_info
+    from phloem.runtime.forward_io import ForwardInput
 
     runner.req_to_token_pool.req_to_token[row, position] = slot
     return ForwardInput(
@@ -81,8 +81,8 @@ def keep_copy_stream_busy(runner) -> None:
 @pytest.mark.parametrize("mode", ["extend", "decode"])
 def test_forward_pass_reads_kv_that_lands_during_it(runner, mode):
     from phloem.runtime.cache.host_pool import CudaStreamCopier, HostKVPool, make_copier
-    from phloem.runtime.executor.forward_io import ForwardMode
     from phloem.runtime.executor.model_runner import DirectBatcher
+    from phloem.runtime.forward_io import ForwardMode
 
     fwd_mode = ForwardMode.EXTEND if mode == "extend" else ForwardMode.DECODE
     copier = make_copier(runner.kv_pool)

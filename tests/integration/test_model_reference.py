@@ -11,8 +11,8 @@ import os
 
 import pytest
 import torch
-from phloem.runtime.executor.forward_io import LogprobRequest
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
+from phloem.runtime.forward_io import LogprobRequest
 from phloem.runtime.model_files import resolve_model
 from phloem.runtime.tokenizer.tokenizer import Tokenizer
 

@@ -13,8 +13,8 @@ pytestmark = pytest.mark.slow
 def setup():
     from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
     from phloem.runtime.model_files import resolve_model
-    from phloem.training.eagle_head import encode_prompts
     from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+    from phloem.training.eagle_head import encode_prompts
 
     torch.set_num_threads(1)
     source = resolve_model(None)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 from phloem.runtime.attention.registry import get_attention_backend_class
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
 from phloem.runtime.executor.model_runner import greedy_sampling_info
+from phloem.runtime.forward_io import ForwardInput, ForwardMode
 
 # ||out - ref|| / ||ref|| against a float64 torch_ref run on the same (upcast) inputs
 REL_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}

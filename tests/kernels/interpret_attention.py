@@ -15,7 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 from phloem.runtime.attention import triton_extend_contig  # noqa: E402
-from phloem.runtime.executor.forward_io import ForwardMode  # noqa: E402
+from phloem.runtime.forward_io import ForwardMode  # noqa: E402
 
 from tests.kernels.attention_cases import (  # noqa: E402
     DTYPES,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 from phloem.runtime.attention import triton_extend_contig
-from phloem.runtime.executor.forward_io import ForwardMode
+from phloem.runtime.forward_io import ForwardMode
 
 from .attention_cases import (
     BATCHES,

@@ -68,8 +68,8 @@ def test_host_batch_replays_like_a_device_batch(runner) -> None:
     ring: the same logits as the same batch on the device, over more replays than the ring has
     blocks, and a smaller batch after a larger one (its padding rows restaged)."""
     from phloem.runtime.executor.cuda_graph import CudaGraphRunner
-    from phloem.runtime.executor.forward_io import ForwardInput
     from phloem.runtime.executor.model_runner import DirectBatcher, greedy_sampling_info
+    from phloem.runtime.forward_io import ForwardInput
 
     batcher = DirectBatcher(runner)
     gen = torch.Generator().manual_seed(1)

@@ -1,4 +1,4 @@
-"""A forward pass never makes the host wait for the GPU (DESIGN.md §5, the overlap loop).
+"""A forward pass never makes the host wait for the GPU (docs/design.md §5, the overlap loop).
 
 The worker launches step N+1 while step N runs only if nothing in ``ModelRunner.forward`` waits
 for the stream: a copy from pageable host memory (``cpu_tensor.to("cuda")``), ``.item()``,
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from phloem.runtime.executor.forward_io import LogprobRequest
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
+from phloem.runtime.forward_io import LogprobRequest
 from phloem.runtime.model_files import ModelSource
 
 pytestmark = [

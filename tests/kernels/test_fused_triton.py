@@ -13,8 +13,8 @@ import importlib.util
 
 import pytest
 import torch
-from phloem.runtime.executor.forward_io import ForwardInput
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
+from phloem.runtime.forward_io import ForwardInput
 from phloem.runtime.layers.fusion import fused_kernels_enabled, set_fused_kernels, use_fused
 from phloem.runtime.model_files import ModelSource
 

@@ -9,9 +9,9 @@ itself and writes the padding slot).
 from __future__ import annotations
 
 import torch
+from phloem.runtime.attention.base import ancestor_mask
 from phloem.runtime.attention.triton_verify import tree_verify_reference
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
-from phloem.runtime.speculative.tree import ancestor_mask
 
 REL_TOL = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1.2e-2}
 

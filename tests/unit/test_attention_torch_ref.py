@@ -6,8 +6,8 @@ import pytest
 import torch
 from phloem.runtime.attention.registry import get_attention_backend_class, resolve_attention_backend
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode
 from phloem.runtime.executor.model_runner import greedy_sampling_info
+from phloem.runtime.forward_io import ForwardInput, ForwardMode
 
 HQ, HK, D, SLOTS = 6, 2, 16, 512
 

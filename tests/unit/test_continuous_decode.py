@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 import torch
-from phloem.runtime.executor.forward_io import ForwardMode, ForwardOutput
+from phloem.runtime.forward_io import ForwardMode, ForwardOutput
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker
 from phloem.runtime.scheduler.batch import write_decode_slots
@@ -212,8 +212,8 @@ def test_staged_step_rows_are_what_each_step_reads():
     padding rows (padding slot, one key) after the batch."""
     from phloem.runtime.cache.kv_pool import PADDING_SLOT
     from phloem.runtime.executor.cuda_graph import stage_step_rows
-    from phloem.runtime.executor.forward_io import ForwardInput, decode_step_input
     from phloem.runtime.executor.model_runner import greedy_sampling_info
+    from phloem.runtime.forward_io import ForwardInput, decode_step_input
 
     steps, bs, padded = 3, 2, 4
     kv = torch.tensor([5, 9])

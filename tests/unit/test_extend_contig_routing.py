@@ -24,7 +24,7 @@ def _extend_backend(layers: int):
     only need to exist: the kernels are stubbed)."""
     from phloem.runtime.attention import triton as backend_mod
     from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-    from phloem.runtime.executor.forward_io import ForwardMode
+    from phloem.runtime.forward_io import ForwardMode
 
     backend = backend_mod.TritonBackend(
         KVPool(layers, 16, 2, 64, torch.float16, "cpu"), ReqToTokenPool(1, 16, "cpu"), num_heads=4
@@ -185,8 +185,8 @@ def test_extend_tiles_widen_for_prefix_heavy_passes(pairs, tiles) -> None:
 
 
 def test_key_pairs_counted_on_the_host_travel_with_the_batch() -> None:
-    from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, extend_key_pairs
     from phloem.runtime.executor.model_runner import greedy_sampling_info
+    from phloem.runtime.forward_io import ForwardInput, ForwardMode, extend_key_pairs
 
     prefix, extend = torch.tensor([0, 40, 5, 67]), torch.tensor([9, 1, 70, 130])
     # new tokens over their prefix, and over each other (causal, themselves included)

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from phloem.runtime.executor.forward_io import LogprobRequest
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
+from phloem.runtime.forward_io import LogprobRequest
 from phloem.runtime.model_files import ModelSource, resolve_model
 
 ATOL = 2e-4

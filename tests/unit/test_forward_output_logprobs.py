@@ -6,7 +6,7 @@ waits for ``copy_done`` first. A recording event stands in for the CUDA one."""
 from __future__ import annotations
 
 import torch
-from phloem.runtime.executor.forward_io import ForwardOutput, TokenLogprobs
+from phloem.runtime.forward_io import ForwardOutput, TokenLogprobs
 
 
 class _Event:

@@ -23,8 +23,8 @@ from phloem.runtime.cache.host_pool import (
     slot_runs,
 )
 from phloem.runtime.cache.kv_pool import KVPool
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, ForwardOutput
 from phloem.runtime.executor.worker import FutureMap, InlineWorker, OverlapWorker
+from phloem.runtime.forward_io import ForwardInput, ForwardMode, ForwardOutput
 
 LAYERS, HEADS, DIM = 3, 2, 4
 

@@ -20,8 +20,8 @@ from phloem.runtime.cache.hicache import HiCacheConfig, HiCacheController
 from phloem.runtime.cache.host_pool import CudaStreamCopier, HostKVPool, LayerwiseLoader
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
 from phloem.runtime.cache.radix_tree import RadixTree
-from phloem.runtime.executor.forward_io import ForwardOutput
 from phloem.runtime.executor.worker import FutureMap, InlineWorker, OverlapWorker
+from phloem.runtime.forward_io import ForwardOutput
 from phloem.runtime.sampling.batch import SamplingBatchBuilder
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from phloem.runtime.executor.forward_io import ForwardInput, ForwardMode, LogprobRequest
 from phloem.runtime.executor.model_runner import greedy_sampling_info
+from phloem.runtime.forward_io import ForwardInput, ForwardMode, LogprobRequest
 from phloem.runtime.host_copy import PACK_ALIGN_BYTES, _with_padding, pack_layout, pack_to_device, to_device
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -14,8 +14,8 @@ from phloem.runtime.cache.host_pool import HostKVPool, KVCopier, _raw
 from phloem.runtime.cache.kv_pool import FP8_E4M3_MAX, KVPool
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.executor import model_runner
-from phloem.runtime.executor.forward_io import ForwardMode
 from phloem.runtime.executor.model_runner import ModelRunner
+from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.launch import check_supported
 from phloem.runtime.model_files import ModelSource
 
@@ -114,7 +114,7 @@ def test_non_fp8_pools_are_unchanged() -> None:
 
 
 def test_bytes_per_token_is_one_byte_per_element() -> None:
-    # SmolLM2-135M: 3 KV heads x 64 x 2 (K, V) x 30 layers; DESIGN.md §3 gives 23,040 in bf16
+    # SmolLM2-135M: 3 KV heads x 64 x 2 (K, V) x 30 layers; docs/design.md §3 gives 23,040 in bf16
     fp8 = KVPool.bytes_per_token_for(30, 3, 64, FP8)
     assert fp8 == 3 * 64 * 2 * 30 == 11520
     assert 2 * fp8 == KVPool.bytes_per_token_for(30, 3, 64, torch.bfloat16)

@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from phloem.runtime.executor.forward_io import SamplingInfo
+from phloem.runtime.forward_io import SamplingInfo
 from phloem.runtime.sampling import sampler as sampler_mod
 from phloem.runtime.sampling.batch import SamplingBatchBuilder, build_sampling_info
 from phloem.runtime.sampling.params import SamplingParams

@@ -10,8 +10,8 @@ import msgspec
 import pytest
 import torch
 from phloem.runtime.cache.kv_pool import ReqToTokenPool
-from phloem.runtime.executor.forward_io import ForwardMode, SamplingInfo
 from phloem.runtime.executor.worker import FutureMap, _future_range
+from phloem.runtime.forward_io import ForwardMode, SamplingInfo
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import FinishReason, StopChecker
 from phloem.runtime.scheduler.batch import (

@@ -11,8 +11,8 @@ from phloem.runtime.cache.allocator import TokenSlotAllocator
 from phloem.runtime.cache.cache_manager import CacheManager
 from phloem.runtime.cache.kv_pool import ReqToTokenPool
 from phloem.runtime.cache.radix_tree import RadixTree
-from phloem.runtime.executor.forward_io import ForwardOutput
 from phloem.runtime.executor.worker import FutureMap, InlineWorker, OverlapWorker
+from phloem.runtime.forward_io import ForwardOutput
 from phloem.runtime.sampling.batch import SamplingBatchBuilder
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker

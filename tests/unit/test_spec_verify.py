@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from phloem.runtime.attention.base import ancestor_mask
 from phloem.runtime.cache.allocator import TokenSlotAllocator
 from phloem.runtime.executor.model_runner import DirectBatcher, ModelRunner
 from phloem.runtime.speculative.decoding import NgramDrafter, SpeculativeDecoder, target_prefill
 from phloem.runtime.speculative.ngram import NgramProposer
-from phloem.runtime.speculative.tree import DraftTree, ancestor_mask
+from phloem.runtime.speculative.tree import DraftTree
 from phloem.runtime.speculative.verify import (
     SpecSampling,
     TreeVerifier,

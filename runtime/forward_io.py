@@ -1,4 +1,4 @@
-"""The two types that cross from the scheduler to the executor (DESIGN.md §5).
+"""The two types that cross from the scheduler to the executor (docs/design.md §5).
 
 The scheduler builds a :class:`ForwardInput` from host tensors only (it never creates device
 tensors); the model runner moves it to the device with one copy and returns a
