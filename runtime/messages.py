@@ -1,4 +1,4 @@
-"""Typed IPC messages between the three processes, grouped by receiver (docs/design.md §2).
+"""Typed IPC messages between the three processes, grouped by receiver (docs/design.md §8).
 
 Channels (all ZMQ PUSH -> PULL over ``ipc://`` sockets made by ``launch.py``)::
 

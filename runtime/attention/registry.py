@@ -1,4 +1,4 @@
-"""Attention backends by name, imported lazily (docs/design.md: one registry per pluggable axis)."""
+"""Attention backends by name, imported lazily (docs/design.md §1: one registry per pluggable axis)."""
 
 from __future__ import annotations
 
