@@ -30,7 +30,7 @@ def _tok_s(overlap: bool, prompts: list[str], max_new: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from phloem.runtime.speculative.train import DEFAULT_PROMPTS, read_prompts
+    from phloem.training.eagle_head import DEFAULT_PROMPTS, read_prompts
 
     p = argparse.ArgumentParser(prog="phloem bench cpu_overlap", description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=2)

@@ -6,7 +6,7 @@ Each config is ``num_steps,topk,num_draft_tokens`` (``num_draft_tokens`` counts 
 :class:`~phloem.runtime.speculative.eagle.EagleDraftWorker`). The target runs in float32 on the
 CPU; the prompts are the draft head's held-out prompts (the first ``--prompts`` lines of its
 training file, chat-templated), decoded one at a time to ``--max-new-tokens`` or EOS, as
-:func:`~phloem.runtime.speculative.train.evaluate_acceptance` does. Configs run one after another;
+:func:`~phloem.training.eagle_head.evaluate_acceptance` does. Configs run one after another;
 the JSON at ``--out`` is rewritten after each, so an interrupted sweep keeps what it finished.
 
 Per config: mean accept length (tokens per verify, over all verifies of all prompts), the mean

@@ -85,8 +85,8 @@ def cpu_target(
     prompts being the first ``num_prompts`` of the EAGLE head's held-out ones, chat-templated."""
     from phloem.runtime.executor.model_runner import ModelRunner
     from phloem.runtime.model_files import resolve_model
-    from phloem.runtime.speculative.train import DEFAULT_PROMPTS, encode_prompts, read_prompts
     from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+    from phloem.training.eagle_head import DEFAULT_PROMPTS, encode_prompts, read_prompts
 
     torch.set_num_threads(threads)
     source = resolve_model(model)
@@ -99,7 +99,7 @@ def cpu_target(
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from phloem.runtime.speculative.train import encode_prompts
+    from phloem.training.eagle_head import encode_prompts
 
     source, runner, tok, stop, prompts = cpu_target(args.model, args.threads, args.prompts)
     if args.ngram_prompt:  # a prompt that invites copying, where n-gram drafting shines

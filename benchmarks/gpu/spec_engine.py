@@ -50,8 +50,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 def _prompts(tokenizer_path: str | None, model: str | None) -> list[str]:
     from phloem.runtime.model_files import resolve_model
-    from phloem.runtime.speculative.train import DEFAULT_PROMPTS, read_prompts
     from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+    from phloem.training.eagle_head import DEFAULT_PROMPTS, read_prompts
 
     tok = load_tokenizer(resolve_model(model), tokenizer_path)
     return [

@@ -80,7 +80,7 @@ def make_reqs(
     from phloem.runtime.sampling.params import SamplingParams
     from phloem.runtime.sampling.stop import StopChecker
     from phloem.runtime.scheduler.req import Req
-    from phloem.runtime.speculative.train import DEFAULT_PROMPTS, read_prompts
+    from phloem.training.eagle_head import DEFAULT_PROMPTS, read_prompts
 
     prompts = read_prompts(DEFAULT_PROMPTS)
     vocab = rt.runner.vocab_size
