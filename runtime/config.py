@@ -158,7 +158,28 @@ def config_markdown() -> str:
         shown = ", ".join(str(c) for c in choices if c is not None) if choices else ""
         flag = "--" + f.name.replace("_", "-")
         lines.append(f"| `{flag}` | `{f.default}` | {shown} | {f.metadata.get('help', '')} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _switches_markdown()) + "\n"
+
+
+def _switches_markdown() -> list[str]:
+    """The environment switches (``runtime/switches.py``): process-wide kernel and diagnosis
+    choices that are not engine options."""
+    from phloem.runtime.switches import SWITCHES
+
+    lines = [
+        "",
+        "## Environment switches",
+        "",
+        "Read from the environment when the object that uses them is built or on first use, never",
+        "at import; declared in `runtime/switches.py`, the only module that reads them.",
+        "",
+        "| variable | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for sw in SWITCHES:
+        default = f"`{sw.default}`" if sw.default != "" else "(empty)"
+        lines.append(f"| `{sw.name}` | {sw.kind.__name__} | {default} | {sw.meaning} |")
+    return lines
 
 
 def _base_type(annotation: Any) -> type:

@@ -12,6 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from phloem.runtime import switches
+
 __all__ = [
     "DEFAULT_MODEL_PACKAGE",
     "GGUFFile",
@@ -260,5 +262,5 @@ def gguf_cache_dir(path: str) -> str:
     st = os.stat(path)
     key = f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}"
     digest = hashlib.sha1(key.encode()).hexdigest()[:16]
-    root = os.environ.get("PHLOEM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "phloem")
+    root = switches.CACHE_DIR.text() or os.path.join(os.path.expanduser("~"), ".cache", "phloem")
     return os.path.join(root, "gguf", digest)

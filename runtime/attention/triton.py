@@ -7,10 +7,10 @@ the batch size alone. Extend builds a per-batch table of (request, query block) 
 
 from __future__ import annotations
 
-import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
+from phloem.runtime import switches
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
 from phloem.runtime.attention.triton_extend_contig import (
     contiguous_extend_ok,
@@ -35,8 +35,9 @@ __all__ = ["ROPE_IN_DECODE", "TritonBackend"]
 
 # Decode passes rotate q and k and write the new K/V inside the decode kernel (``NewTokenKV``)
 # rather than in ``rope_store_`` before it; ``PHLOEM_DECODE_ROPE=0`` keeps the separate kernel
-# (A/B measurement). Read at import; a captured graph keeps the path it was captured with.
-ROPE_IN_DECODE = os.environ.get("PHLOEM_DECODE_ROPE", "1") != "0"
+# (A/B measurement). Read when a backend is built; a captured graph keeps the path it was captured
+# with. ``None`` reads the switch; tests set True or False before building a backend.
+ROPE_IN_DECODE: bool | None = None
 
 
 class TritonBackend(AttentionBackend):
@@ -44,6 +45,10 @@ class TritonBackend(AttentionBackend):
 
     supports_cuda_graph = True
     _stored_layer = -1  # layer whose new K/V ``rotate`` already wrote (fused with RoPE)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._rope_in_decode = ROPE_IN_DECODE if ROPE_IN_DECODE is not None else switches.DECODE_ROPE.flag()
     _contig = False  # whether that ``rotate`` also left k rotated in place, for the contiguous kernel
     _new_kv: NewTokenKV | None = None  # a decode layer's token, for the decode kernel to rotate and store
     key_pairs: tuple[int, int] | None = None  # the extend batch's (prefix, new) query-key pairs
@@ -93,7 +98,7 @@ class TritonBackend(AttentionBackend):
         )
         if not fusable:
             return super().rotate(q, k, v, cos_sin, layer, qk_norm)
-        if self.mode == ForwardMode.DECODE and ROPE_IN_DECODE:
+        if self.mode == ForwardMode.DECODE and self._rope_in_decode:
             # left to the decode kernel (``NewTokenKV``): q and k stay as they are for now
             cos, sin = cos_sin
             norm = None if qk_norm is None else (qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps)

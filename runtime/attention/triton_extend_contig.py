@@ -25,11 +25,11 @@ pools read the rounded keys the decode reads, so they keep it).
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime import switches
 from phloem.runtime.attention.triton_kernels import EXTEND_BLOCK_M
 
 try:  # Triton >= 3.3
@@ -37,13 +37,17 @@ try:  # Triton >= 3.3
 except ImportError:  # pragma: no cover - older Triton: the pool kernel serves every pass
     TensorDescriptor = None
 
-__all__ = ["MODE", "contiguous_extend_ok", "extend_attention_contiguous", "extend_tiles"]
+__all__ = ["MODE", "contiguous_extend_ok", "extend_mode", "extend_attention_contiguous", "extend_tiles"]
 
 # "contiguous" (the default) runs this kernel where it applies; "pool" keeps the pool kernel for
-# every pass. Read at import; tests set the attribute.
-MODE = os.environ.get("PHLOEM_EXTEND_KERNEL", "contiguous")
-if MODE not in ("pool", "contiguous"):  # a typo must not fall back to the pool kernel unnoticed
-    raise ValueError(f"PHLOEM_EXTEND_KERNEL must be 'pool' or 'contiguous', got {MODE!r}")
+# every pass. ``None`` reads ``PHLOEM_EXTEND_KERNEL`` on each routing decision (a typo raises
+# rather than falling back to the pool kernel unnoticed); tests set the attribute.
+MODE: str | None = None
+
+
+def extend_mode() -> str:
+    """``contiguous`` or ``pool``: :data:`MODE` where set, else ``PHLOEM_EXTEND_KERNEL``."""
+    return MODE or switches.EXTEND_KERNEL.text()
 _LOG2E = 1.4426950408889634
 BLOCK_N = 32  # keys a tile in both phases by default (see extend_attention_contiguous)
 # Prefix-heavy passes take 64-key tiles in both phases (:func:`extend_tiles`), from this many
@@ -179,7 +183,7 @@ def _rows_2d(x: torch.Tensor) -> torch.Tensor | None:
 
 def contiguous_extend_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_buf: torch.Tensor) -> bool:
     """Whether :func:`extend_attention_contiguous` can run this pass (else the pool kernel does)."""
-    if MODE != "contiguous" or TensorDescriptor is None:
+    if extend_mode() != "contiguous" or TensorDescriptor is None:
         return False
     d = q.shape[2]
     if q.dtype not in (torch.float16, torch.bfloat16) or not (k.dtype == v.dtype == k_buf.dtype == q.dtype):
@@ -189,7 +193,7 @@ def contiguous_extend_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_bu
     if q.is_cuda:
         if not _has_tma(q.device.index or 0) or torch.cuda.is_current_stream_capturing():
             return False
-    elif os.environ.get("TRITON_INTERPRET") != "1":
+    elif not switches.TRITON_INTERPRET.flag():
         return False
     return _rows_2d(k) is not None and _rows_2d(v) is not None
 

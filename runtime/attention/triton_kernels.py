@@ -29,12 +29,13 @@ kernels launch with programmatic dependent launch (:mod:`phloem.runtime.layers.p
 
 from __future__ import annotations
 
-import os
+import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime import switches
 from phloem.runtime.layers.fused_triton import check_kv_write, to_fp8
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
@@ -56,10 +57,16 @@ _WIDE_TILE = (128, 4, 2)  # head dim 128, 16-bit K/V: keys a loop step, warps, s
 _WIDE_TILE_MIN_PAIRS = 512  # ... from this many (request, KV head) pairs (not measured better below)
 _MERGE_GROUPED_MIN_PAIRS = 132  # (request, KV head) pairs from which a merge program takes a whole group
 # With the step's token in the decode kernel (NewTokenKV), grids of fewer (request, KV head) pairs
-# than this read their first block of keys before the PDL wait (0: never; read at import).
-_PREFETCH_MAX_PAIRS = int(os.environ.get("PHLOEM_DECODE_PREFETCH_PAIRS", "132"))
-# The decode split kernel's program order (see decode_attention); read once, at import.
-_HEADS_FIRST = os.environ.get("PHLOEM_DECODE_ORDER", "heads") != "requests"
+# than this read their first block of keys before the PDL wait (0: never; read on first call).
+@functools.cache
+def _prefetch_max_pairs() -> int:
+    return switches.DECODE_PREFETCH_PAIRS.number()
+
+
+# The decode split kernel's program order (see decode_attention); read on first call.
+@functools.cache
+def _heads_first() -> bool:
+    return switches.DECODE_ORDER.text() != "requests"
 
 
 @triton.jit
@@ -584,11 +591,11 @@ def decode_attention(
     block_n = block_n or (_WIDE_TILE[0] if wide else 32 if fp32 else 128 if fp8 and block_d >= 128 else 64)
     pdl = pdl_enabled(q.device)
     if heads_first is None:
-        heads_first = _HEADS_FIRST
+        heads_first = _heads_first()
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
     has_norm = False
     if prefetch is None:
-        prefetch = batch * num_kv_heads < _PREFETCH_MAX_PAIRS
+        prefetch = batch * num_kv_heads < _prefetch_max_pairs()
     prefetch = prefetch and new_kv is not None
     if new_kv is not None:
         new_kv.check(q, k_buf, v_buf, k_scale, v_scale)

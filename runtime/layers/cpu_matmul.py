@@ -13,9 +13,8 @@ route off (A/B measurement).
 
 from __future__ import annotations
 
-import os
-
 import torch
+from phloem.runtime import switches
 
 __all__ = [
     "WEIGHT_MAJOR_MAX_ELEMENTS",
@@ -26,7 +25,7 @@ __all__ = [
     "weight_major_linear",
 ]
 
-ENV_DISABLE = "PHLOEM_DISABLE_CPU_WEIGHT_MAJOR"
+ENV_DISABLE = switches.DISABLE_CPU_WEIGHT_MAJOR.name
 WEIGHT_MAJOR_MIN_ROWS = 12
 WEIGHT_MAJOR_MAX_ROWS = 32
 WEIGHT_MAJOR_MAX_ELEMENTS = 1 << 23
@@ -43,7 +42,7 @@ def use_weight_major(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``x @ weight.T`` should run weight-major: CPU, float32, 12..32 rows, a weight of at
     most 8M elements with a contiguous last axis, the switch on."""
     if _enabled is None:
-        set_weight_major(os.environ.get(ENV_DISABLE) != "1")
+        set_weight_major(not switches.DISABLE_CPU_WEIGHT_MAJOR.flag())
     if not (
         _enabled and x.device.type == "cpu" and x.dtype == torch.float32 and weight.dtype == torch.float32
     ):

@@ -22,9 +22,9 @@ enough that the separate kernels cost their launches (``row_fused.rows_fusion_wi
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
+from phloem.runtime import switches
 
 __all__ = [
     "fused_kernels_enabled",
@@ -37,7 +37,7 @@ __all__ = [
     "use_skinny",
 ]
 
-ENV_DISABLE = "PHLOEM_DISABLE_FUSED_KERNELS"
+ENV_DISABLE = switches.DISABLE_FUSED_KERNELS.name
 
 _enabled: bool | None = None  # None: not decided yet
 
@@ -51,7 +51,7 @@ def set_fused_kernels(enabled: bool) -> None:
 def fused_kernels_enabled() -> bool:
     """On unless switched off or Triton is missing."""
     if _enabled is None:
-        set_fused_kernels(os.environ.get(ENV_DISABLE) != "1")
+        set_fused_kernels(not switches.DISABLE_FUSED_KERNELS.flag())
     assert _enabled is not None
     return _enabled
 
@@ -62,7 +62,7 @@ def use_fused(x: torch.Tensor) -> bool:
 
 
 # ---- few-row matmuls (runtime/layers/skinny_gemm.py) ---------------------------------------------
-ENV_DISABLE_SKINNY = "PHLOEM_DISABLE_SKINNY_GEMM"
+ENV_DISABLE_SKINNY = switches.DISABLE_SKINNY_GEMM.name
 SKINNY_MAX_ROWS = 16  # = skinny_gemm.MAX_ROWS (not imported: that module needs Triton)
 _SKINNY_DTYPES = (torch.float16, torch.bfloat16)
 _skinny: bool | None = None
@@ -78,7 +78,7 @@ def set_skinny_gemm(enabled: bool) -> None:
 def skinny_gemm_enabled() -> bool:
     """On unless ``PHLOEM_DISABLE_SKINNY_GEMM=1``, the fused kernels are off, or Triton is missing."""
     if _skinny is None:
-        set_skinny_gemm(os.environ.get(ENV_DISABLE_SKINNY) != "1")
+        set_skinny_gemm(not switches.DISABLE_SKINNY_GEMM.flag())
     assert _skinny is not None
     return _skinny and fused_kernels_enabled()
 
@@ -108,7 +108,7 @@ def use_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 # ---- few-row layers with the norm folded in (runtime/layers/row_fused.py) ------------------------
-ENV_DISABLE_ROW_FUSION = "PHLOEM_DISABLE_ROW_FUSION"
+ENV_DISABLE_ROW_FUSION = switches.DISABLE_ROW_FUSION.name
 ROW_FUSION_MAX_ROWS = 256  # = row_fused.MAX_ROWS (not imported: that module needs Triton)
 _row_fusion: bool | None = None
 
@@ -125,7 +125,7 @@ def use_row_fusion(x: torch.Tensor, linear: torch.nn.Module) -> bool:
     into it for input ``x`` ``[M, K]``: a float weight that the Triton projections take, a shape
     and row count where folding wins (``row_fused.rows_fusion_wins``), the switch on."""
     if _row_fusion is None:
-        set_row_fusion(os.environ.get(ENV_DISABLE_ROW_FUSION) != "1")
+        set_row_fusion(not switches.DISABLE_ROW_FUSION.flag())
     weight = getattr(linear, "weight", None)
     if not (
         _row_fusion

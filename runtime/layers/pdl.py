@@ -24,12 +24,12 @@ before any graph is captured. Off on GPUs before Hopper, on the CPU and under th
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime import switches
 
 try:
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
@@ -38,7 +38,7 @@ except ImportError:  # an older Triton: pdl_enabled() stays False, the jitted br
 
 __all__ = ["launch_kwargs", "pdl_enabled", "pdl_trigger", "pdl_wait", "set_pdl"]
 
-ENV = "PHLOEM_PDL"
+ENV = switches.PDL.name
 _switch: bool | None = None  # None: read the environment on first use
 _capable: dict[int, bool] = {}  # device index -> compute capability >= 9.0
 
@@ -53,7 +53,7 @@ def pdl_enabled(device: torch.device) -> bool:
     """Whether kernels launched on ``device`` should use PDL."""
     global _switch
     if _switch is None:
-        _switch = os.environ.get(ENV, "1") != "0" and os.environ.get("TRITON_INTERPRET") != "1"
+        _switch = switches.PDL.flag() and not switches.TRITON_INTERPRET.flag()
     if not _switch or device.type != "cuda":
         return False
     index = device.index if device.index is not None else torch.cuda.current_device()

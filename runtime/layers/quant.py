@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime import switches
 from torch import nn
 
 __all__ = [
@@ -68,7 +69,7 @@ def _load_kernels() -> Any:
         if _kernels_tried:
             return _kernels
         _kernels_tried = True
-        if os.environ.get("PHLOEM_DISABLE_QUANT_KERNELS") == "1":
+        if switches.DISABLE_QUANT_KERNELS.flag():
             return None
         if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
             logger.warning("no AVX2: quantized layers use the slow dequantize-then-matmul path")

@@ -32,27 +32,32 @@ SiLU x mul) by one where :func:`rows_fusion_wins` says so.
 
 from __future__ import annotations
 
-import os
+import functools
 
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime import switches
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 from phloem.runtime.layers.skinny_gemm import SkinnyConfig, pick_config
 
 __all__ = [
     "MAX_ROWS",
     "ROWS_FUSION_MAX_ELEMENTS",
-    "ROWS_FUSION_MAX_K",
-    "ROWS_FUSION_MAX_ROWS",
+    "rows_fusion_max_k",
+    "rows_fusion_max_rows",
     "norm_linear_rows",
     "row_config",
     "rows_fusion_wins",
 ]
 
 # Triton's CPU interpreter multiplies bfloat16 dot operands wrongly (as in skinny_gemm): there the
-# few-row kernel feeds the dot float32 copies of its 16-bit tiles.
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# few-row kernel feeds the dot float32 copies of its 16-bit tiles (read on first launch).
+@functools.cache
+def _interpreted() -> bool:
+    return switches.TRITON_INTERPRET.flag()
+
+
 MAX_ROWS = 256  # rows one call takes; a program takes 16 of them (the smallest tl.dot tile)
 _ROWS_PER_PROGRAM = 16
 
@@ -241,14 +246,6 @@ def row_config(n_rows: int, k: int, *, glu: bool, rows: int = 1) -> SkinnyConfig
     return SkinnyConfig(pick_config(n_rows, k, 1).block_n, 512 if k >= 1024 else 1024, 4, 3)
 
 
-def _env_int(name: str, default: int) -> int:
-    text = os.environ.get(name, str(default))
-    try:
-        return int(text)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {text!r}") from None
-
-
 # 2-16 rows fold where the measurement says so (H200, PDL on; ``docs/benchmarks.md``, tenth round):
 # weights of at most this many elements whose rows fit one chunk of K of at most 768 (SmolLM2-135M
 # and its EAGLE head: batch 4 / 8 / 16 decode 1.30x / 1.25x / 1.16x). For Qwen3-0.6B (K = 1,024)
@@ -257,8 +254,18 @@ def _env_int(name: str, default: int) -> int:
 # norm is 2-3x faster than this kernel, and past 16 rows the separate kernels win for every shape
 # measured. The environment may change the row and K limits (A/B measurement).
 ROWS_FUSION_MAX_ELEMENTS = 1 << 24
-ROWS_FUSION_MAX_K = _env_int("PHLOEM_ROW_FUSION_MAX_K", 768)
-ROWS_FUSION_MAX_ROWS = max(1, min(MAX_ROWS, _env_int("PHLOEM_ROW_FUSION_MAX_ROWS", 16)))
+
+
+@functools.cache
+def rows_fusion_max_k() -> int:
+    """Longest row that folds for 2+ rows (``PHLOEM_ROW_FUSION_MAX_K``, read on first call)."""
+    return switches.ROW_FUSION_MAX_K.number()
+
+
+@functools.cache
+def rows_fusion_max_rows() -> int:
+    """Most rows that fold (``PHLOEM_ROW_FUSION_MAX_ROWS``, 1..MAX_ROWS, read on first call)."""
+    return max(1, min(MAX_ROWS, switches.ROW_FUSION_MAX_ROWS.number()))
 
 
 def rows_fusion_wins(n_rows: int, k: int, rows: int) -> bool:
@@ -268,7 +275,7 @@ def rows_fusion_wins(n_rows: int, k: int, rows: int) -> bool:
     if rows == 1:
         return True
     return (
-        1 < rows <= ROWS_FUSION_MAX_ROWS and k <= ROWS_FUSION_MAX_K and n_rows * k <= ROWS_FUSION_MAX_ELEMENTS
+        1 < rows <= rows_fusion_max_rows() and k <= rows_fusion_max_k() and n_rows * k <= ROWS_FUSION_MAX_ELEMENTS
     )
 
 
@@ -324,6 +331,6 @@ def norm_linear_rows(
         _norm_rows_kernel[grid](
             x, res, h, norm_weight, weight, b, y,
             m, n, k, n, x.stride(0), res.stride(0), y.stride(0), weight.stride(0), float(eps),
-            UPCAST=_INTERPRETED, SINGLE=cfg.block_k >= k, BLOCK_M=_ROWS_PER_PROGRAM, **common,
+            UPCAST=_interpreted(), SINGLE=cfg.block_k >= k, BLOCK_M=_ROWS_PER_PROGRAM, **common,
         )  # fmt: skip
     return y, h

@@ -25,12 +25,13 @@ The oracle is ``torch.nn.functional.linear`` (``tests/kernels/skinny_cases.py``)
 
 from __future__ import annotations
 
-import os
+import functools
 from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
+from phloem.runtime import switches
 from phloem.runtime.layers.pdl import launch_kwargs, pdl_enabled, pdl_trigger, pdl_wait
 
 __all__ = ["MAX_ROWS", "SkinnyConfig", "pick_config", "skinny_linear", "skinny_wins"]
@@ -38,8 +39,10 @@ __all__ = ["MAX_ROWS", "SkinnyConfig", "pick_config", "skinny_linear", "skinny_w
 MAX_ROWS = 16  # rows of x this kernel takes; more go to the GEMM library
 _DTYPES = (torch.float16, torch.bfloat16)
 # Triton's CPU interpreter multiplies bfloat16 dot operands wrongly; there the dot path works on
-# float32 copies of the tiles (the compiled kernel keeps 16-bit operands).
-_INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+# float32 copies of the tiles (the compiled kernel keeps 16-bit operands). Read on first launch.
+@functools.cache
+def _interpreted() -> bool:
+    return switches.TRITON_INTERPRET.flag()
 
 
 class SkinnyConfig(NamedTuple):
@@ -167,7 +170,7 @@ def skinny_linear(
             _skinny_kernel[(triton.cdiv(n, cfg.block_n),)](
                 x2, weight, bias if bias is not None else weight, y,
                 m, n, k, x2.stride(0), weight.stride(0), y.stride(0),
-                HAS_BIAS=bias is not None, ONE_ROW=m == 1, UPCAST=_INTERPRETED,
+                HAS_BIAS=bias is not None, ONE_ROW=m == 1, UPCAST=_interpreted(),
                 BLOCK_M=1 if m == 1 else MAX_ROWS, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PDL=pdl,
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages, **launch_kwargs(pdl),
             )  # fmt: skip

@@ -15,6 +15,7 @@ import traceback
 from typing import Any
 
 import zmq
+from phloem.runtime import switches
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.ipc import IpcPaths, parent_alive, pull_socket, push_socket
 from phloem.runtime.messages import (
@@ -39,7 +40,7 @@ from phloem.runtime.scheduler.scheduler import Scheduler, StepTimes
 logger = logging.getLogger("phloem.scheduler")
 
 STATS_INTERVAL_S = 1.0
-ENV_LOOP_TRACE = "PHLOEM_LOOP_TRACE"
+ENV_LOOP_TRACE = switches.LOOP_TRACE.name
 
 
 class LoopTrace:
@@ -54,7 +55,7 @@ class LoopTrace:
 
     @classmethod
     def from_env(cls) -> LoopTrace | None:
-        path = os.environ.get(ENV_LOOP_TRACE)
+        path = switches.LOOP_TRACE.text()
         return cls(path) if path else None
 
     def add(self, t0: float, t1: float, t2: float, msgs: int, st: StepTimes) -> None:

@@ -71,7 +71,7 @@ def test_norm_linear_under_interpreter() -> None:
 
 def test_routing_rule(restore_switches) -> None:
     from phloem.runtime.layers.linear import Linear
-    from phloem.runtime.layers.row_fused import ROWS_FUSION_MAX_ROWS
+    from phloem.runtime.layers.row_fused import rows_fusion_max_rows
 
     layer = Linear(32, 8).to(torch.bfloat16)
     set_row_fusion(True)
@@ -81,7 +81,7 @@ def test_routing_rule(restore_switches) -> None:
         one = torch.zeros(1, 32, dtype=torch.bfloat16, device="cuda")
         assert use_row_fusion(one, layer)
         assert use_row_fusion(torch.zeros(5, 32, dtype=torch.bfloat16, device="cuda"), layer)
-        many = torch.zeros(ROWS_FUSION_MAX_ROWS + 1, 32, dtype=torch.bfloat16, device="cuda")
+        many = torch.zeros(rows_fusion_max_rows() + 1, 32, dtype=torch.bfloat16, device="cuda")
         assert not use_row_fusion(many, layer)
         layer.row_tile = 16  # deterministic mode keeps its own matmul
         assert not use_row_fusion(one, layer)
@@ -96,20 +96,21 @@ def test_rows_fusion_rule() -> None:
     from phloem.runtime.layers.row_fused import (
         MAX_ROWS,
         ROWS_FUSION_MAX_ELEMENTS,
-        ROWS_FUSION_MAX_K,
-        ROWS_FUSION_MAX_ROWS,
+        rows_fusion_max_k,
+        rows_fusion_max_rows,
         rows_fusion_wins,
     )
 
     assert ROW_FUSION_MAX_ROWS == MAX_ROWS
+    max_rows, max_k = rows_fusion_max_rows(), rows_fusion_max_k()
     assert rows_fusion_wins(128256, 4096, 1), "one row always folds"
-    assert rows_fusion_wins(960, 576, 2) and rows_fusion_wins(960, 576, ROWS_FUSION_MAX_ROWS)
-    assert not rows_fusion_wins(960, 576, ROWS_FUSION_MAX_ROWS + 1)
+    assert rows_fusion_wins(960, 576, 2) and rows_fusion_wins(960, 576, max_rows)
+    assert not rows_fusion_wins(960, 576, max_rows + 1)
     assert not rows_fusion_wins(6144, 4096, 4), "a large weight keeps the library GEMM at 2-16 rows"
     assert not rows_fusion_wins(4096, 1024, 8), "Qwen3-0.6B's qkv: slower in the model"
     assert rows_fusion_wins(ROWS_FUSION_MAX_ELEMENTS // 64, 64, 8)
     assert not rows_fusion_wins(ROWS_FUSION_MAX_ELEMENTS // 64 + 1, 64, 8)
-    assert not rows_fusion_wins(256, ROWS_FUSION_MAX_K + 1, 8), "rows longer than one chunk"
+    assert not rows_fusion_wins(256, max_k + 1, 8), "rows longer than one chunk"
 
 
 @pytest.mark.gpu
