@@ -144,7 +144,7 @@ def main() -> None:
     except OSError:
         commit = ""
     record = {"command": "python3 benchmarks/gpu/spec_engine.py " + " ".join(sys.argv[1:]),
-              "git_commit": commit or os.environ.get("PHLOEM_COMMIT", ""), "date": time.strftime("%Y-%m-%d"),
+              "git_commit": commit or os.environ.get("GIT_COMMIT", ""), "date": time.strftime("%Y-%m-%d"),
               "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "results": results}  # fmt: skip
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)

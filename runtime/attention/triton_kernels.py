@@ -30,7 +30,7 @@ kernels launch with programmatic dependent launch (:mod:`phloem.runtime.layers.p
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -538,45 +538,28 @@ def decode_attention(
 
     ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` (float32) are scratch, with
     ``S`` from :func:`decode_num_splits`. ``k_scale``, ``v_scale``: as in :func:`extend_attention`.
-    ``block_n``, ``num_warps``, ``num_stages``: tuning
-    knobs (keys per loop step, default 64, 32 for float32). For head dim 128 and 16-bit K/V the
-    default from 512 (request, KV head) pairs is 128 keys, 4 warps and 2 stages (``_WIDE_TILE``):
-    on an H200, over the offline run's ragged contexts (100-2,048 keys) in its slot layout
-    (``attention_bench.py --ragged-sweep``), with its splits 2.3-3.2% faster than 64 keys, 2 warps
-    and 3 stages at 64-256 requests of Llama-3-8B heads, and 2.6-4.4% at 128-256 of Qwen3-0.6B
-    heads. That older setting, kept for fewer pairs (32 requests measured 4% slower with the new
-    one, in a noisy case), had been within 1% of the best of 54 on contexts of one length (168-180
-    requests of 866 keys), where the two are level. Smaller heads keep 4 warps and float32 8
-    warps, both with 2 stages.
+    ``block_n``, ``num_warps``, ``num_stages``: tuning knobs (see :func:`_split_tile` for the
+    defaults). None of the options below changes a result:
 
-    An fp8 pool read by a bfloat16 query computes both dots in float16 (``f16_dot``, on by
-    default there): e4m3 widens to float16 in one instruction per pair of values, and a bfloat16
-    query converts exactly (magnitudes past 65,504 saturate); float32 accumulation either way. Its
-    keys per loop step default to 128, the same bytes per block as 64 bfloat16 keys.
-
-    ``heads_first`` (default on; ``PHLOEM_DECODE_ORDER=requests`` turns it off) orders the split
-    kernel's programs KV head first, so the programs that run side by side read the heads of the
-    same tokens: a slot's K (and V) for all heads is one contiguous row, and reading it in one
-    go rather than one head's slice per program at a time is 2.5-3% faster on an H200 at 208
-    requests of 822 keys in one run or in the offline run's layout (0.7% on scattered slots).
-    The order changes no result.
-
-    ``merge_grouped``: whether a merge program combines the splits of a KV head's whole group of
-    query heads (the default from :data:`_MERGE_GROUPED_MIN_PAIRS` (request, KV head) pairs) or
-    of one query head (fewer pairs: more, shorter programs). Either way changes no result.
-
-    ``new_kv``: the step's own token has not been rotated nor written to the pool yet (the Triton
-    backend's decode; :class:`NewTokenKV`). The split kernel then does what ``rope_store_`` would
-    have done before it, one launch and one round trip through memory fewer a layer: it rotates
-    ``q`` in registers (``q`` itself is left as it is), takes the new key and value from
-    ``new_kv`` rather than from the pool, and writes them to their slots. The result is the one
-    of ``rope_store_`` followed by this function to the rounding of the rotation.
-
-    ``prefetch`` (with ``new_kv`` only; default: below ``PHLOEM_DECODE_PREFETCH_PAIRS``, 132,
-    (request, KV head) pairs): a split program reads its first block of keys before its PDL wait,
-    while the kernels before it still run. With ``new_kv`` nothing of that block is written in the
-    step, and at a few pairs each program's chain of loads (length, slots, keys) is what the step
-    waits on. Changes no result.
+    - ``f16_dot`` (default: an fp8 pool read by a bfloat16 query): both dots in float16, since e4m3
+      widens to float16 in one instruction per pair of values and a bfloat16 query converts
+      exactly (magnitudes past 65,504 saturate); float32 accumulation either way.
+    - ``heads_first`` (default on; ``PHLOEM_DECODE_ORDER=requests`` turns it off): the split
+      kernel's programs go KV head first, so programs that run side by side read the heads of the
+      same tokens, whose K (and V) for all heads is one contiguous row.
+    - ``merge_grouped``: a merge program combines the splits of a KV head's whole group of query
+      heads (the default from :data:`_MERGE_GROUPED_MIN_PAIRS` (request, KV head) pairs), or of
+      one query head (fewer pairs: more, shorter programs, so a small grid still fills the SMs).
+    - ``new_kv``: the step's own token is neither rotated nor in the pool yet (the Triton backend's
+      decode; :class:`NewTokenKV`). The split kernel then does what ``rope_store_`` would have done
+      before it, saving a launch and a round trip through memory per layer: it rotates ``q`` in
+      registers (``q`` itself is left as it is), takes the new key and value from ``new_kv``
+      rather than from the pool, and writes them to their slots.
+    - ``prefetch`` (with ``new_kv`` only; default: below ``PHLOEM_DECODE_PREFETCH_PAIRS``
+      (request, KV head) pairs): a split program reads its first block of keys before its PDL
+      wait, while the kernels before it still run; at a few pairs each program's chain of loads
+      (length, slots, keys) is what the step waits on, and nothing of that block is written in
+      the step.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
@@ -587,24 +570,17 @@ def decode_attention(
     if f16_dot is None:
         f16_dot = fp8 and q.dtype == torch.bfloat16
     block_d = _block_d(head_dim)
-    wide = block_d >= 128 and not fp32 and not fp8 and batch * num_kv_heads >= _WIDE_TILE_MIN_PAIRS
-    block_n = block_n or (_WIDE_TILE[0] if wide else 32 if fp32 else 128 if fp8 and block_d >= 128 else 64)
+    tile = _split_tile(block_d, fp32, fp8, batch * num_kv_heads, block_n, num_warps, num_stages)
     pdl = pdl_enabled(q.device)
     if heads_first is None:
         heads_first = _heads_first()
     grid = (num_kv_heads, batch, num_splits) if heads_first else (batch, num_kv_heads, num_splits)
-    has_norm = False
     if prefetch is None:
         prefetch = batch * num_kv_heads < _prefetch_max_pairs()
     prefetch = prefetch and new_kv is not None
     if new_kv is not None:
         new_kv.check(q, k_buf, v_buf, k_scale, v_scale)
-        has_norm = new_kv.qk_norm is not None
-        nk, nv, cos, sin, slots = new_kv.k, new_kv.v, new_kv.cos, new_kv.sin, new_kv.slots
-        qn, kn, eps = new_kv.qk_norm if new_kv.qk_norm is not None else (q, q, 0.0)
-    else:  # unused pointers
-        nk = nv = cos = sin = slots = qn = kn = q
-        eps = 0.0
+    nk, nv, cos, sin, slots, qn, kn, eps = _new_kv_args(q, new_kv)
     _decode_split_kernel[grid](
         q, k_buf, v_buf, part_o, part_lse,
         req_to_token, req_pool_indices, seq_lens,
@@ -614,19 +590,12 @@ def decode_attention(
         nk, nv, cos, sin, slots, qn, kn, eps,
         nk.stride(0), nk.stride(1), nv.stride(0), nv.stride(1), cos.stride(0), sin.stride(0),
         NUM_Q_HEADS=num_q_heads, GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=block_n,
+        HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_N=tile.block_n,
         NUM_SPLITS=num_splits, FP32_DOT=fp32, F16_DOT=bool(f16_dot) and not fp32, PDL=pdl,
-        HEADS_FIRST=heads_first, ROPE=new_kv is not None, HAS_NORM=has_norm, QUANT=new_kv is not None and fp8,
-        PREFETCH=prefetch,
-        num_warps=num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2),
-        num_stages=num_stages or (_WIDE_TILE[2] if wide else 3 if block_d >= 128 and not fp32 else 2),
-        **launch_kwargs(pdl),
+        HEADS_FIRST=heads_first, ROPE=new_kv is not None,
+        HAS_NORM=new_kv is not None and new_kv.qk_norm is not None, QUANT=new_kv is not None and fp8,
+        PREFETCH=prefetch, num_warps=tile.num_warps, num_stages=tile.num_stages, **launch_kwargs(pdl),
     )  # fmt: skip
-    # a KV head's query heads per program (1.4% faster attention at 208 requests of Llama-3-8B
-    # heads); one query head per program while the grid would not fill the SMs. At Llama-3-8B's
-    # batch 1 the grouped merge ran 8 programs of 4 heads x 16 splits, 3.9 us a layer (H200,
-    # torch profiler, PDL off); with one head a program and only the splits that hold keys read,
-    # the decode step was 1.8% faster.
     if merge_grouped is None:
         merge_grouped = batch * num_kv_heads >= _MERGE_GROUPED_MIN_PAIRS
     heads = group if merge_grouped else 1
@@ -634,7 +603,38 @@ def decode_attention(
         part_o, part_lse, out, seq_lens, out.stride(0), out.stride(1),
         NUM_Q_HEADS=num_q_heads, HEADS=heads, BLOCK_H=max(2, triton.next_power_of_2(heads)),
         HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_N=block_n, PDL=pdl,
+        BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_N=tile.block_n, PDL=pdl,
         num_warps=2, **launch_kwargs(pdl),
     )  # fmt: skip
     return out
+
+
+class _Tile(NamedTuple):
+    block_n: int  # keys a loop step
+    num_warps: int
+    num_stages: int
+
+
+def _split_tile(
+    block_d: int, fp32: bool, fp8: bool, pairs: int, block_n: int | None, num_warps: int | None,
+    num_stages: int | None,
+) -> _Tile:
+    """The split kernel's tile: the caller's values where given, else the defaults. Head dim 128
+    with 16-bit K/V takes :data:`_WIDE_TILE` from :data:`_WIDE_TILE_MIN_PAIRS` (request, KV head)
+    pairs, where more keys a step pay; fp8 K/V take 128 keys a step for head dim 128 (the bytes of
+    64 16-bit keys), float32 32 keys and 8 warps."""
+    wide = block_d >= 128 and not fp32 and not fp8 and pairs >= _WIDE_TILE_MIN_PAIRS
+    return _Tile(
+        block_n or (_WIDE_TILE[0] if wide else 32 if fp32 else 128 if fp8 and block_d >= 128 else 64),
+        num_warps or (_WIDE_TILE[1] if wide else 4 if block_d < 128 or fp8 else 8 if fp32 else 2),
+        num_stages or (_WIDE_TILE[2] if wide else 3 if block_d >= 128 and not fp32 else 2),
+    )
+
+
+def _new_kv_args(q: torch.Tensor, new_kv: NewTokenKV | None) -> tuple[Any, ...]:
+    """The split kernel's step-token arguments: ``(k, v, cos, sin, slots, q_norm, k_norm, eps)``
+    of ``new_kv``, or unused pointers (``q``) without it."""
+    if new_kv is None:
+        return q, q, q, q, q, q, q, 0.0
+    qn, kn, eps = new_kv.qk_norm if new_kv.qk_norm is not None else (q, q, 0.0)
+    return new_kv.k, new_kv.v, new_kv.cos, new_kv.sin, new_kv.slots, qn, kn, eps
