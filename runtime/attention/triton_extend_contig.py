@@ -12,10 +12,9 @@ mask on the diagonal tiles only. The same softmax as the pool kernel, in base 2:
         keys = pool[req_to_token[r, :s_r]] ++ new_k[start_r : start_r + i + 1]
         out[start_r + i, h] = softmax(q . keys[h // group] * scale) @ values[h // group]
 
-On an H200 (``benchmarks/gpu/extend_tma_probe.py``, ``benchmarks/results/h200/round19/a``; one
-prefill chunk of 16 prompts of 100-1,000 tokens, 8,455 in all, no prefix; one layer) this kernel
-at its defaults took 0.170 ms for Llama-3-8B heads and 0.093 ms for Qwen3-0.6B heads, against
-0.454 ms and 0.251 ms for the pool kernel on the same machine: 2.7x.
+Reading the new tokens' K/V as contiguous rows through tensor-memory-access descriptors, rather
+than slot by slot through the pool, is what makes it faster than the pool kernel on a prefill
+chunk.
 
 Used for 16-bit K/V pools on compute capability 9.0 and later (and under Triton's interpreter,
 where the tests run it) unless ``PHLOEM_EXTEND_KERNEL=pool``; the pool kernel otherwise (fp8
@@ -60,14 +59,11 @@ def extend_tiles(key_pairs: tuple[int, int] | None) -> tuple[int, int]:
     """``(block_n, block_prefix)`` for a pass with ``key_pairs`` (``ForwardInput.key_pairs``:
     query-key pairs over cached prefixes, pairs among the new tokens).
 
-    H200, one layer, 16 prompts (nineteenth and twentieth rounds), 64 / 64 against 32 / 32 keys
-    a tile: 2,048 cached + 128 new tokens a prompt (ratio 32) 0.259 against 0.279 ms with
-    Llama-3-8B heads, 0.139 against 0.190 with Qwen3-0.6B heads; 4,096 + 1,024 (ratio 8) 3.83
-    against 3.80 and 1.95 against 1.99; no prefix (ratio 0) 0.177 against 0.170 and 0.097
-    against 0.094. So the wide tiles from a ratio of 4: a radix hit on a long shared prompt takes
-    them, and so does a long prompt's k-th chunk from the fourth (ratio just under 2(k - 1));
-    fresh prompts keep 32. (64 for the prefix with 32 for the new keys was no better with a
-    prefix and 21-22% slower without one.)
+    64-key tiles in both phases pay off once the cached prefix dominates the pass; without a
+    prefix 32 keys a tile are slightly faster. So the wide tiles from a ratio of 4: a radix hit
+    on a long shared prompt takes them, and so does a long prompt's k-th chunk from the fourth
+    (ratio just under 2(k - 1)); fresh prompts keep 32. (64 for the prefix with 32 for the new
+    keys was no better with a prefix and slower without one.)
     """
     if key_pairs is not None and key_pairs[0] >= WIDE_TILE_MIN_RATIO * max(key_pairs[1], 1):
         return WIDE_TILE, WIDE_TILE
@@ -225,11 +221,9 @@ def extend_attention_contiguous(
 
     ``block_req`` / ``block_m``: :func:`triton_kernels.extend_block_table` for ``EXTEND_BLOCK_M``
     (64) queries a block, as ``TritonBackend.init_metadata`` builds it.
-    Defaults: the fastest tile of the probe without a prefix at both head shapes (head dim 128):
-    32 keys a tile, 4 warps, 3 stages (Llama-3-8B heads: 0.170 ms; 64 keys 0.176 ms; 64 keys and
-    2 stages 0.189 ms; 64 keys and 8 warps 0.390 ms). 4 warps spill a little at head dim 128
-    (``ptxas`` for sm_90, Triton 3.9: 48 bytes at 32 keys, 632 at 64; 8 warps none) and are still
-    the fastest. ``block_prefix``: keys a tile in the prefix phase (default ``block_n``). The
+    Defaults: the fastest tile without a prefix at head dim 128: 32 keys a tile, 4 warps, 3
+    stages (more keys, fewer stages or 8 warps were slower). 4 warps spill a few registers at head
+    dim 128 and are still the fastest. ``block_prefix``: keys a tile in the prefix phase (default ``block_n``). The
     Triton backend passes :func:`extend_tiles` of the batch: 64 / 64 for prefix-heavy passes.
     """
     t, num_q_heads, head_dim = q.shape

@@ -54,7 +54,7 @@ _TARGET_PROGRAMS_WIDE = 1024  # head dim 128: programs per launch the split swee
 _MIN_SPLITS = 3
 _MIN_SPLITS_FULL = 2  # head dim 128, from _TARGET_PROGRAMS_WIDE (request, KV head) pairs
 _WIDE_TILE = (128, 4, 2)  # head dim 128, 16-bit K/V: keys a loop step, warps, stages
-_WIDE_TILE_MIN_PAIRS = 512  # ... from this many (request, KV head) pairs (not measured better below)
+_WIDE_TILE_MIN_PAIRS = 512  # ... from this many (request, KV head) pairs
 _MERGE_GROUPED_MIN_PAIRS = 132  # (request, KV head) pairs from which a merge program takes a whole group
 # With the step's token in the decode kernel (NewTokenKV), grids of fewer (request, KV head) pairs
 # than this read their first block of keys before the PDL wait (0: never; read on first call).
@@ -426,16 +426,15 @@ def extend_attention(
     The new tokens' K/V must already be in ``k_buf``/``v_buf`` at their slots. ``k_scale``,
     ``v_scale``: dequantization scales of an fp8 pool (``KVPool.get_kv_scales``).
     ``block_size_m`` (queries per program: the one ``block_req`` / ``block_m`` were built for by
-    :func:`extend_block_table`), ``block_n``, ``num_warps``, ``num_stages``: tuning knobs
-    (``attention_bench.py --extend-sweep``). ``f16_dot``: as in :func:`decode_attention` (on by
+    :func:`extend_block_table`), ``block_n``, ``num_warps``, ``num_stages``: tuning knobs.
+    ``f16_dot``: as in :func:`decode_attention` (on by
     default for an fp8 pool read by a bfloat16 query).
     """
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k_buf.shape[1]
     fp32 = q.dtype == torch.float32
     block_d = _block_d(head_dim)
-    # an fp8 pool reads half the bytes per key: 64 keys a step for head dim 128 as well (0.248
-    # against 0.266 ms for 32 on a Qwen3-0.6B prefill chunk, H200, float16 dots)
+    # an fp8 pool reads half the bytes per key: 64 keys a step for head dim 128 as well
     fp8 = k_buf.element_size() == 1
     if f16_dot is None:
         f16_dot = fp8 and q.dtype == torch.bfloat16
@@ -483,13 +482,10 @@ def decode_num_splits(batch_size: int, num_kv_heads: int, head_dim: int) -> int:
 
     Depends on shapes only, so a captured graph keeps the same value on replay. Heads of 128 and
     more split every request at least three ways: a batch of mixed context lengths (any served
-    batch) otherwise leaves SMs idle behind its longest requests. Measured on an H200
-    (``attention_bench.py --split-sweep``), 96-256 requests of 100-2,048 keys read K/V at
-    1.14-1.25x the copy floor with three splits against 1.19-1.48x with one; contexts of one length
-    lose up to 4%. From 1,024 (request, KV head) pairs two splits suffice: in the offline run's
-    layout (``attention_bench.py --ragged-sweep``), with the wide tile below, 208 and 256
-    requests took 0.9-2.3% less time with two than with three (Llama-3-8B heads; 0-1.5% with
-    Qwen3-0.6B heads), and the same at 128. Smaller heads keep the plain rule (not swept).
+    batch) otherwise leaves SMs idle behind its longest requests, while contexts of one length
+    lose a little to the extra merge. From :data:`_TARGET_PROGRAMS_WIDE` (request, KV head) pairs
+    two splits suffice: the grid is full anyway, and each split's merge costs. Smaller heads keep
+    the plain rule.
     """
     work = max(1, batch_size * num_kv_heads)
     if head_dim >= 128:

@@ -2,7 +2,7 @@
 
 A small-batch decode step is a chain of a few hundred short kernels. Between two of them the GPU
 lets the first drain completely, then launches the second and brings its programs up: a few
-microseconds a boundary on an H200, idle. With PDL the next kernel is launched while the current
+microseconds a boundary, idle. With PDL the next kernel is launched while the current
 one still runs; its programs become resident, may read what no kernel of the step writes (the
 weights), and then wait for the previous kernel to finish and its writes to land. Each kernel
 taking part, compiled with ``PDL=True`` and launched with :func:`launch_kwargs`:

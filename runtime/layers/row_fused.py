@@ -1,8 +1,8 @@
 """Few-row decode projections with the RMSNorm before them (and SwiGLU after) in the same kernel.
 
 At batch 1 a decoder layer of a small model is ten short launches; each costs a few microseconds
-whatever it computes, so the step time is mostly launch count (SmolLM2-135M on an H200: ~300
-kernels, 0.65 ms). This kernel folds two of them into the projection that follows:
+whatever it computes, so the step time of a small model is mostly launch count (a few hundred
+kernels a step). This kernel folds two of them into the projection that follows:
 
 - ``input_layernorm`` (its residual add included) into the qkv projection;
 - ``post_attention_layernorm`` into the MLP's gate/up projection, and SiLU x mul into its output.
@@ -229,8 +229,8 @@ def _norm_rows_kernel(
 def row_config(n_rows: int, k: int, *, glu: bool, rows: int = 1) -> SkinnyConfig:
     """Block sizes for an ``[n_rows, K]`` stacked weight and ``rows`` rows of input.
 
-    One row, from a sweep on an H200 (``benchmarks/gpu/row_fused_bench.py --sweep``; the shapes
-    of SmolLM2-135M, Qwen3-0.6B and Llama-3-8B): four warps everywhere; gate/up: two columns per
+    One row (chosen over the shapes of SmolLM2-135M, Qwen3-0.6B and Llama-3-8B): four warps
+    everywhere; gate/up: two columns per
     program (four weight rows with their up rows), K in chunks of 1,024; qkv: the plain kernel's
     columns, K in chunks of 512 from K = 1,024 (one chunk below that). Several rows: the skinny
     kernel's dot-path columns for the output width; K up to 1,024 in one chunk (the weight tile is
@@ -246,13 +246,11 @@ def row_config(n_rows: int, k: int, *, glu: bool, rows: int = 1) -> SkinnyConfig
     return SkinnyConfig(pick_config(n_rows, k, 1).block_n, 512 if k >= 1024 else 1024, 4, 3)
 
 
-# 2-16 rows fold where the measurement says so (H200, PDL on; ``docs/benchmarks.md``, tenth round):
-# weights of at most this many elements whose rows fit one chunk of K of at most 768 (SmolLM2-135M
-# and its EAGLE head: batch 4 / 8 / 16 decode 1.30x / 1.25x / 1.16x). For Qwen3-0.6B (K = 1,024)
-# the kernel wins alone (``row_fused_bench.py --rows``) but its decode at batch 4 and 8 was 13% and
-# 9% slower with it, so it is left out. For Llama-3-8B's shapes the library GEMM after a separate
-# norm is 2-3x faster than this kernel, and past 16 rows the separate kernels win for every shape
-# measured. The environment may change the row and K limits (A/B measurement).
+# 2-16 rows fold only on small weights whose rows fit one chunk of K of at most 768 (SmolLM2-135M
+# and its EAGLE head), where the separate kernels cost their launches rather than their bytes. At
+# K = 1,024 (Qwen3-0.6B) the kernel is faster alone but slows the whole decode step; on large
+# weights (Llama-3-8B) and past 16 rows the library GEMM after a separate norm is faster. The
+# row and K limits are switches (``PHLOEM_ROW_FUSION_MAX_ROWS``, ``PHLOEM_ROW_FUSION_MAX_K``).
 ROWS_FUSION_MAX_ELEMENTS = 1 << 24
 
 
