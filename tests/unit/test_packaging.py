@@ -32,6 +32,7 @@ SUBPACKAGES = [
     "phloem.grammars",
     "phloem.grammars.tools",
     "phloem.bench",
+    "phloem.training",
 ]
 
 
@@ -52,7 +53,8 @@ def test_wheel_maps_folders_into_the_namespace(wheel):
     for pkg in SUBPACKAGES:
         path = pkg.replace(".", "/")
         assert f"{path}/__init__.py" in names or f"{path}.py" in names, pkg
-    assert not any(n.startswith(("lang/", "runtime/", "grammars/", "tests/")) for n in names)
+    assert not any(n.startswith(("lang/", "runtime/", "grammars/", "training/", "tests/")) for n in names)
+    assert "phloem/training/assets/train_prompts.txt" in names
     assert not any("/results/" in n or "/peers/" in n for n in names)
 
 
