@@ -1,4 +1,4 @@
-"""The scheduler loop (DESIGN.md §4): receive, schedule, run, process.
+"""The scheduler loop (docs/design.md §4): receive, schedule, run, process.
 
 CPU bookkeeping only. The loop reads aloud::
 
@@ -43,6 +43,7 @@ from phloem.runtime.scheduler.policy import (
     should_defer_sibling,
 )
 from phloem.runtime.scheduler.prefill_adder import AddResult, PrefillAdder, charged_future_tokens
+from phloem.runtime.scheduler.protocols import Cache, Grammar, ReqPool, Sampling, Speculative, Worker
 from phloem.runtime.scheduler.req import Req
 
 logger = logging.getLogger("phloem.scheduler")
@@ -74,13 +75,13 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         *,
-        cache: Any,  # CacheManager
-        req_pool: Any,  # ReqToTokenPool
-        worker: Any,  # InlineWorker | OverlapWorker
-        sampling: Any,  # SamplingBatchBuilder
+        cache: Cache,
+        req_pool: ReqPool,
+        worker: Worker,
+        sampling: Sampling,
         outputs: OutputCollector,
-        grammar: Any = None,  # GrammarQueue or None
-        spec: Any = None,  # speculative.step.SpeculativeStep or None (needs overlap off)
+        grammar: Grammar | None = None,
+        spec: Speculative | None = None,  # needs overlap off
     ) -> None:
         self.cfg = config
         self.cache = cache
@@ -113,6 +114,16 @@ class Scheduler:
         self._decode_steps = 0
         self._last_log = time.monotonic()
         self._tokens_since_log = 0
+
+    @property
+    def _spec(self) -> Speculative:
+        assert self.spec is not None, "a speculative step kind without a speculative step"
+        return self.spec
+
+    @property
+    def _grammar(self) -> Grammar:
+        assert self.grammar is not None, "a constrained request without a grammar queue"
+        return self.grammar
 
     # ================================================================== entry points
     def add_request(self, req: Req) -> None:
@@ -179,7 +190,7 @@ class Scheduler:
             # The step just launched needed tokens of the step just processed to know its mask;
             # its forward pass ran meanwhile and its sampler waits for this.
             assert batch is not None
-            late_mask.set_result(self.grammar.fill_mask(batch.reqs))
+            late_mask.set_result(self._grammar.fill_mask(batch.reqs))
         if batch is None and not self.inflight:
             self._release_deferred()
             self.pace.other_processed()  # idle: the next decode launch does not time this wait
@@ -464,7 +475,7 @@ class Scheduler:
 
     def _all_spec_eligible(self) -> bool:
         return all(
-            self.spec.eligible(r.params, wants_logprobs=r.return_logprob, num_outputs=len(r.output_ids))
+            self._spec.eligible(r.params, wants_logprobs=r.return_logprob, num_outputs=len(r.output_ids))
             for r in self.running if not r.finished
         )  # fmt: skip
 
@@ -473,7 +484,7 @@ class Scheduler:
         them, see :mod:`phloem.runtime.speculative.window`), under the conditions of continuous
         decode (``_unseen_steps``), with every row's slots for the window free now (fewer steps
         when they are not). Otherwise None (one speculative step at a time)."""
-        window = self.spec.window
+        window = self._spec.window
         if window is None or self.cfg.decode_steps <= 1:
             return None
         reqs = [r for r in self.running if r.wants_token]
@@ -506,24 +517,24 @@ class Scheduler:
             return [r for r in self.running if r.wants_token]
 
         reqs = live()
-        if reqs and self.cache.available_size < self.spec.max_tree * len(reqs):
-            self._retract_until(self.spec.max_tree * len(reqs), per_request=self.spec.max_tree)
+        if reqs and self.cache.available_size < self._spec.max_tree * len(reqs):
+            self._retract_until(self._spec.max_tree * len(reqs), per_request=self._spec.max_tree)
             reqs = live()
         if not reqs:
             return None
-        whole = self.spec.needs_context  # n-gram drafts read the whole context; EAGLE its newest token
+        whole = self._spec.needs_context  # n-gram drafts read the whole context; EAGLE its newest token
         rows = [
             SpecRow(
                 r.req_pool_idx,
                 r.kv_len,
                 r.fill_ids if whole else [r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1]],
-                self.spec.sampling_of(r.params),
+                self._spec.sampling_of(r.params),
                 r.remaining_new_tokens,
                 grammar=r.grammar,
             )
             for r in reqs
         ]
-        slots = self.cache.alloc(self.spec.plan(rows))
+        slots = self.cache.alloc(self._spec.plan(rows))
         if slots is None:
             raise RuntimeError("KV pool accounting error: no slots for a speculative step after retraction")
         batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, spec_rows=rows, spec_slots=slots)
@@ -538,7 +549,7 @@ class Scheduler:
         if any(r.grammar is not None and r.pending_outputs for r in batch.reqs):
             fut: Future[Any] = Future()
             return fut, fut
-        return self.grammar.fill_mask(batch.reqs), None
+        return self._grammar.fill_mask(batch.reqs), None
 
     def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[Any]:
         if batch.spec_window:
@@ -552,7 +563,7 @@ class Scheduler:
             batch, req_to_token=self.req_pool.req_to_token, input_ids=ids, sampling=sampling
         )
         # EAGLE follows every computed token: plain passes return the target's hidden states
-        fi.return_hidden_states = self.spec is not None and self.spec.needs_hidden
+        fi.return_hidden_states = self.spec is not None and self._spec.needs_hidden
         batch.future_ids = future_ids
         is_prefill = batch.is_prefill
         steps = batch.decode_steps  # tokens per row: each step computes one and samples one
@@ -575,7 +586,7 @@ class Scheduler:
         """Draft trees were grown in ``schedule``; the verify pass runs here, in line."""
         fut: Future[Any] = Future()
         try:
-            fut.set_result(self.spec.verify(batch.spec_rows, batch.spec_slots))
+            fut.set_result(self._spec.verify(batch.spec_rows, batch.spec_slots))
         except BaseException as e:  # surfaced to the loop like a failed forward
             fut.set_exception(e)
         for req in batch.reqs:
@@ -588,12 +599,12 @@ class Scheduler:
 
         rows = [
             WindowRow(r.req_pool_idx, r.kv_len, r.output_ids[-1] if r.output_ids else r.origin_input_ids[-1],
-                      self.spec.sampling_of(r.params))
+                      self._spec.sampling_of(r.params))
             for r in batch.reqs
         ]  # fmt: skip
         fut: Future[Any] = Future()
         try:
-            fut.set_result(self.spec.run_window(rows, batch.spec_window))
+            fut.set_result(self._spec.run_window(rows, batch.spec_window))
         except BaseException as e:  # surfaced to the loop like a failed forward
             fut.set_exception(e)
         for req in batch.reqs:
@@ -698,7 +709,7 @@ class Scheduler:
                 self._share_prefix(req, batch.prefix_lens[i] + batch.extend_lens[i])
             self._append_token(req, tokens[i], lp)
         if plain:
-            self.spec.on_plain_steps(*map(list, zip(*plain)))  # one catch-up pass for every row
+            self._spec.on_plain_steps(*map(list, zip(*plain)))  # one catch-up pass for every row
 
     def _process_spec(self, batch: ScheduledBatch, results: list[Any]) -> None:
         """Commit each request's accepted tokens: free rejected slots now, advance ``kv_len`` by the
@@ -710,7 +721,7 @@ class Scheduler:
             req.pending_outputs -= 1
             req.spec_verify_ct += 1
             req.spec_accepted_tokens += res.accept_length
-            req.spec_draft_budget += self.spec.max_tree - 1
+            req.spec_draft_budget += self._spec.max_tree - 1
             if not req.finished:
                 self._append_tokens(req, res.tokens)
         self._drop_finished_running()
@@ -748,7 +759,7 @@ class Scheduler:
                 used += 1
             req.spec_verify_ct += max(used, 1)
             req.spec_accepted_tokens += new
-            req.spec_draft_budget += (self.spec.max_tree - 1) * max(used, 1)
+            req.spec_draft_budget += (self._spec.max_tree - 1) * max(used, 1)
             kept += new
         self._drop_finished_running()
         self.outputs.flush()
@@ -778,9 +789,9 @@ class Scheduler:
                 plain.append((req.req_pool_idx, token, hidden))
             return
         if hidden is not None:
-            self.spec.on_extend(req.req_pool_idx, batch.prefix_lens[i], hidden)
+            self._spec.on_extend(req.req_pool_idx, batch.prefix_lens[i], hidden)
         if not batch.discard[i]:  # the last chunk: its sampled token is the first output
-            self.spec.on_prefill_done(req.req_pool_idx, req.fill_ids, token)
+            self._spec.on_prefill_done(req.req_pool_idx, req.fill_ids, token)
 
     def _after_discarded_row(
         self, req: Req, lp: Any, *, is_chunk: bool, batch_prefix: int, batch_extend: int
@@ -816,7 +827,7 @@ class Scheduler:
         ends the output."""
         if req.grammar is not None:
             for j, token in enumerate(tokens):
-                self.grammar.accept(req, token)
+                self._grammar.accept(req, token)
                 if req.finished:  # rejected: GrammarQueue.accept aborted the request
                     self.outputs.add(req)
                     return
@@ -838,7 +849,7 @@ class Scheduler:
         if lp is not None:
             self.outputs.record_logprobs(req, lp)
         if req.grammar is not None:
-            self.grammar.accept(req, token)
+            self._grammar.accept(req, token)
         num_new = 1
         if self.cfg.enable_jump_forward and req.grammar is not None and not req.finished:
             num_new += self._jump_forward(req)
@@ -860,7 +871,7 @@ class Scheduler:
         tokens appended; the KV of the rewritten tail is fixed up in ``_apply_jumps``."""
         kept_kv = min(req.kv_len, len(req.fill_ids) - 1)  # the newest token has no KV yet
         first_mutable = max(req.sent_output_len, req.prefix_len - req.prompt_len, 0)
-        drop_k, new_ids = self.grammar.jump_forward(req, first_mutable=first_mutable)
+        drop_k, new_ids = self._grammar.jump_forward(req, first_mutable=first_mutable)
         budget = req.params.max_new_tokens - (len(req.output_ids) - drop_k)
         if new_ids and len(new_ids) > budget:
             req.grammar.rollback(len(new_ids) - max(budget, 0))
@@ -912,7 +923,7 @@ class Scheduler:
             return
         row = req.req_pool_idx
         if self.spec is not None:
-            self.spec.release(row)
+            self._spec.release(row)
         # The newest KV slot may belong to a token that was computed but never processed (the
         # request finished while a step was in flight): its id is unknown, so it is freed, not cached.
         known = min(req.kv_len, len(req.fill_ids))
@@ -1023,7 +1034,7 @@ class Scheduler:
         self._tokens_since_log = 0
         self._last_log = time.monotonic()
         if self.spec is not None:
-            self.spec.reset_counters()
+            self._spec.reset_counters()
         if self.grammar is not None:
             self.grammar.take_compile_times()
         self.cache.reset_counters()
@@ -1039,7 +1050,7 @@ class Scheduler:
             "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
             "num_retracted_reqs": s.num_retracted,
             "gen_throughput": s.gen_throughput,
-            "spec_accept_length": self.spec.mean_accept_length if self.spec is not None else 0.0,
+            "spec_accept_length": self._spec.mean_accept_length if self.spec is not None else 0.0,
             "prompt_tokens_total": s.prompt_tokens,
             "cached_tokens_total": s.cached_tokens,
             "max_total_num_tokens": total,
@@ -1074,7 +1085,7 @@ class Scheduler:
         dt = max(now - self._last_log, 1e-6)
         self.stats.gen_throughput = self._tokens_since_log / dt
         self._last_log, self._tokens_since_log = now, 0
-        extra = f", accept len: {self.spec.mean_accept_length:.2f}" if self.spec is not None else ""
+        extra = f", accept len: {self._spec.mean_accept_length:.2f}" if self.spec is not None else ""
         if steps > 1:  # a continuous decode launch: one line for its steps
             extra += f", #steps: {steps}"
         logger.info(
