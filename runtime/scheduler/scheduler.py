@@ -226,10 +226,10 @@ class Scheduler:
         for req in jumped:
             if req.finished:
                 self._finish_chunked_abort(req)
-            elif adder.rem_chunk > 0 and adder.rem_input > 0 and self.chunked is None:
+            elif adder.takes_tokens and self.chunked is None:
                 adder.add_chunked(req)  # its forced tokens; continues as a chunk if cut
                 if not self._alloc_extend(req):
-                    adder.can_run.remove(req)
+                    adder.withdraw(req)
                     self._finish_chunked_abort(req)
             else:
                 self.jumped.append(req)
@@ -241,8 +241,7 @@ class Scheduler:
             else:
                 adder.add_chunked(req)
                 if not self._alloc_extend(req):
-                    adder.can_run.remove(req)
-                    adder.new_chunked = None
+                    adder.withdraw(req)
                     self._finish_chunked_abort(req)
         order = order_waiting(
             self.waiting,
@@ -293,22 +292,20 @@ class Scheduler:
         req.match = self.cache.load_back(req.match)  # host-tier part of the prefix -> device slots
         req.handle = self.cache.acquire(req.match, extra_key=req.extra_key)
         lock_cost = before - self.cache.available_size
-        adder.rem_total -= lock_cost
+        adder.charge(lock_cost)
         alone = not self.running and not adder.can_run and self.chunked is None
         result = adder.add(req, allow_chunk=not req.wants_input_logprobs)
         if result == AddResult.NO_TOKEN and alone:
             # Nothing else runs: admit it if its next pass fits at all; retraction or an abort
             # handles it later if its output outgrows the pool.
-            adder.rem_total = float("inf")
+            adder.lift_forecast()
             result = adder.add(req, allow_chunk=not req.wants_input_logprobs)
         if result != AddResult.ADDED:
             self._drop_handle(req)
-            adder.rem_total += lock_cost
+            adder.credit(lock_cost)
             return result
         if not self._alloc_row_and_extend(req):
-            adder.can_run.remove(req)
-            if adder.new_chunked is req:
-                adder.new_chunked = None
+            adder.withdraw(req)
             self._drop_handle(req)
             return AddResult.NO_TOKEN
         if not req.first_admitted:
@@ -1003,7 +1000,7 @@ class Scheduler:
         need = len(req.fill_ids) - req.prefix_len + req.remaining_new_tokens
         preempted = 0
         for victim in victims:
-            if adder.rem_total >= need:
+            if adder.covers(need):
                 break
             if victim not in self.running or victim.finished:
                 continue
@@ -1013,7 +1010,7 @@ class Scheduler:
             self._release(victim)
             victim.num_retractions += 1
             self.waiting.append(victim)
-            adder.rem_total += charge + (self.cache.available_size - before)
+            adder.credit(charge + (self.cache.available_size - before))
             preempted += 1
         self.stats.num_retracted += preempted
         return preempted > 0
