@@ -634,16 +634,25 @@ class Scheduler:
             self._process_decode_rows(batch.reqs, tokens)
         else:
             self._process_rows(batch, out, tokens)
-        self._apply_jumps()
-        self._drop_finished_running()
-        self.outputs.flush()
         if batch.mode == ForwardMode.DECODE:
-            self._tokens_since_log += len(batch.reqs)
-            if self._decode_steps % self.cfg.log_interval == 0:
-                self._log_decode()
+            self._finish_decode(len(batch.reqs))
         else:
+            self._finish_step()
             self.stats.prefill_batches += 1
             self._log_prefill(batch)
+
+    def _finish_decode(self, new_tokens: int, steps: int = 1) -> None:
+        """The tail of processing a decode step of any kind: finished requests leave, outputs go
+        out, and every ``log_interval`` launches a log line (``steps``: steps of this launch)."""
+        self._finish_step()
+        self._tokens_since_log += new_tokens
+        if self._decode_steps % self.cfg.log_interval == 0:
+            self._log_decode(steps)
+
+    def _finish_step(self) -> None:
+        self._apply_jumps()  # nothing to do unless a row jumped forward
+        self._drop_finished_running()
+        self.outputs.flush()
 
     def _process_continuous(self, batch: ScheduledBatch, per_step: list[list[int]]) -> None:
         """A continuous decode batch: each row's tokens from every step, appended at once; stops
@@ -658,11 +667,7 @@ class Scheduler:
                 before = len(req.output_ids)
                 self._append_tokens(req, [tokens[r] for tokens in per_step])
                 kept += len(req.output_ids) - before
-        self._drop_finished_running()
-        self.outputs.flush()
-        self._tokens_since_log += kept
-        if self._decode_steps % self.cfg.log_interval == 0:
-            self._log_decode(steps)
+        self._finish_decode(kept, steps)
 
     def _is_plain_decode(self, batch: ScheduledBatch, out: ForwardOutput) -> bool:
         """Every row decodes one kept token, with no logprobs and no drafter to follow."""
@@ -721,11 +726,7 @@ class Scheduler:
             req.spec_draft_budget += self._spec.max_tree - 1
             if not req.finished:
                 self._append_tokens(req, res.tokens)
-        self._drop_finished_running()
-        self.outputs.flush()
-        self._tokens_since_log += sum(len(r.tokens) for r in results)
-        if self._decode_steps % self.cfg.log_interval == 0:
-            self._log_decode()
+        self._finish_decode(sum(len(r.tokens) for r in results))
 
     def _process_spec_window(self, batch: ScheduledBatch, result: Any) -> None:
         """Each row's tokens from every step of a window: ``kv_len`` advances by all of them and
@@ -758,11 +759,7 @@ class Scheduler:
             req.spec_accepted_tokens += new
             req.spec_draft_budget += (self._spec.max_tree - 1) * max(used, 1)
             kept += new
-        self._drop_finished_running()
-        self.outputs.flush()
-        self._tokens_since_log += kept
-        if self._decode_steps % self.cfg.log_interval == 0:
-            self._log_decode()
+        self._finish_decode(kept)
 
     def _follow_spec(
         self,
@@ -904,8 +901,7 @@ class Scheduler:
             return
         self.running = [r for r in self.running if not r.finished]
         for req in done:
-            self.outputs.add(req)
-            self._retire(req)
+            self._finish_chunked_abort(req)
 
     def _release_deferred(self) -> None:
         """Called when the oldest in-flight step is complete: everything deferred while it was
@@ -933,6 +929,7 @@ class Scheduler:
         req.kv_len = 0
 
     def _finish_chunked_abort(self, req: Req) -> None:
+        """A finished request leaves: its last output goes out and its row is released."""
         self.outputs.add(req)
         self._retire(req)
 
