@@ -1,4 +1,4 @@
-"""The grammar queue: constrained requests wait here until their grammar compiles (DESIGN.md §6).
+"""The grammar queue: constrained requests wait here until their grammar compiles (docs/design.md §6).
 
 Compilation runs in the grammar manager's thread pool; the scheduler loop only polls futures, so
 a slow or hostile grammar never stalls it. A failed or timed-out compile finishes that request

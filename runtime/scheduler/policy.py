@@ -1,4 +1,4 @@
-"""Waiting-queue order, sibling deferral, retraction order and the new-token ratio (DESIGN.md §4).
+"""Waiting-queue order, sibling deferral, retraction order and the new-token ratio (docs/design.md §4).
 
 Everything here is a pure function of requests and numbers, so each rule has a unit test.
 """

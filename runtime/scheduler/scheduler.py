@@ -70,7 +70,7 @@ class SchedulerConfig:
     stream_interval: int = 1
     log_interval: int = 40
     enable_jump_forward: bool = False
-    # Decode steps launched as one (``--num-continuous-decode-steps``): see ``_continuous_steps``.
+    # Decode steps launched as one (``--num-continuous-decode-steps``): see ``steps.continuous``.
     decode_steps: int = 1
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
     # ``policy.continuous_decode_plan``.

@@ -1,4 +1,4 @@
-"""The scheduler's collaborator for speculative decode steps (DESIGN.md §4, §7).
+"""The scheduler's collaborator for speculative decode steps (docs/design.md §4, §7).
 
 The scheduler keeps its loop; with speculation on, a decode step becomes::
 

@@ -1,4 +1,4 @@
-"""Several EAGLE chain steps on the device, read back once (DESIGN.md §5, §7).
+"""Several EAGLE chain steps on the device, read back once (docs/design.md §5, §7).
 
 A host-driven speculative step waits on the GPU twice: to read the drafts, and to read what the
 verify pass accepted before it can commit and catch the drafter up. At batch 1 on a fast GPU the
