@@ -4,13 +4,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from phloem.runtime.forward_io import ForwardInput, ForwardMode, LogprobRequest, SamplingInfo
 from phloem.runtime.host_copy import pack_to_device, to_device
 from phloem.runtime.scheduler.req import Req
+
+if TYPE_CHECKING:
+    from phloem.runtime.scheduler.steps import StepKind
 
 
 @dataclass
@@ -19,6 +22,8 @@ class ScheduledBatch:
 
     mode: ForwardMode
     reqs: list[Req]
+    # The step kind that built the batch: it launches and processes it (see ``steps``).
+    kind: StepKind | None = None
     # Rows whose sampled token is discarded (a prefill chunk that does not end the prompt,
     # or a prefill-only request).
     discard: list[bool] = field(default_factory=list)
@@ -91,8 +96,8 @@ def build_forward_input(
 def extend_index(rows: np.ndarray, prefix_lens: np.ndarray, extend_lens: np.ndarray) -> np.ndarray:
     """``[2, T]`` int64: the ``req_to_token`` row and the position of every new token of an extend
     batch, i.e. for each request ``r`` the pairs ``(rows[r], prefix_lens[r] + j)`` for
-    ``j < extend_lens[r]``, request after request. Computed in numpy: as Python lists this cost
-    ~6 ms for a 16k-token pass on a CPU core that the forward worker's launches also need."""
+    ``j < extend_lens[r]``, request after request. Computed in numpy: Python lists cost a
+    long prefill pass noticeable time on a CPU core that the forward worker's launches also need."""
     starts = np.cumsum(extend_lens) - extend_lens  # first token of each request in the batch
     out = np.empty((2, int(extend_lens.sum())), dtype=np.int64)
     out[0] = np.repeat(rows, extend_lens)

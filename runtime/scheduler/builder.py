@@ -40,14 +40,10 @@ def default_chunked_prefill_size(device_type: str, weight_bytes: int = 0) -> int
     CPU: 512. Passes are slow there, and small chunks bound the decode latency of running requests.
 
     CUDA, models under 4 GB of weights: 16,384. An 8,192-token pass of such a model does less GPU
-    work than the host needs to launch it (~350 launches, 30-70 us each under the GIL). Measured on
-    an H200 with the Qwen3-0.6B shape: ~19 ms of GPU time a pass against ~29 ms of wall time.
-    Offline throughput (256 prompts, lengths 102-1,024), alternating in one call: 25,038 ->
-    25,655 tok/s (1.025x) between warm runs (the call's first run, 24,025 at 8,192, also paid
-    first-use kernel compiles).
+    work than the host needs to launch it (hundreds of kernel launches under the GIL), so the
+    pass is host-bound and a longer one raises throughput.
 
-    CUDA, larger models: 8,192. Such passes are GPU-bound already; Llama-3-8B measured 10,397
-    against 10,228 tok/s with 16,384.
+    CUDA, larger models: 8,192. Such passes are GPU-bound already; a longer one buys nothing.
     """
     if device_type == "cpu":
         return 512
@@ -60,8 +56,7 @@ def use_overlap(args: EngineArgs, device_type: str) -> bool:
     On CUDA it does unless ``--disable-overlap-schedule``. On the CPU only with
     ``--enable-cpu-overlap-schedule``: there the forward pass runs on the same cores as the
     scheduler, so the worker thread buys no parallel device, and the scheduler's bookkeeping takes
-    cycles (and the GIL) from the model's threads. Measured on 2 cores, default model, float32:
-    batch 1 11-12.5 -> 14-15 tok/s, 16 requests 46-52 -> 60-61 tok/s with it off. Speculative
+    cycles (and the GIL) from the model's threads, so decoding is faster with it off. Speculative
     decoding always runs the non-overlap loop (the draft of step N+1 needs step N's tokens).
     """
     if args.disable_overlap_schedule or args.speculative_algorithm is not None:
@@ -74,7 +69,6 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     from phloem.runtime.cache.allocator import TokenSlotAllocator
     from phloem.runtime.cache.cache_manager import CacheManager
     from phloem.runtime.cache.radix_tree import RadixTree
-    from phloem.runtime.executor.model_runner import ModelRunner
     from phloem.runtime.executor.worker import FutureMap, InlineWorker, OverlapWorker
     from phloem.runtime.model_files import resolve_model
     from phloem.runtime.sampling.batch import SamplingBatchBuilder
@@ -83,81 +77,15 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     torch.manual_seed(args.random_seed)
     source = resolve_model(args.model_path, args.load_format, dummy_shape=args.dummy_shape)
     tokenizer = load_tokenizer(source, args.tokenizer_path)
-    runner = ModelRunner(
-        source,
-        dtype=args.dtype,
-        device=args.device,
-        attention_backend=args.attention_backend,
-        max_total_tokens=args.max_total_tokens,
-        mem_fraction_static=args.mem_fraction_static,
-        max_running_requests=args.max_running_requests,
-        context_len=args.context_length,
-        seed=args.random_seed,
-        deterministic=args.enable_deterministic_inference,
-        quantization=None if args.quantization == "none" else args.quantization,
-        cpu_threads=args.cpu_threads,
-        cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
-        kv_cache_dtype=args.kv_cache_dtype,
-        gemm_library=args.gemm_library,
-    )
+    runner = _model_runner(args, source)
     pool_rows = runner.req_to_token_pool
     allocator = TokenSlotAllocator(runner.kv_pool.num_slots)
     tree = None if args.disable_radix_cache else RadixTree()
     hicache = _hierarchical_cache(args, runner, tree, source)
     cache = CacheManager(allocator=allocator, req_to_token=pool_rows.req_to_token, tree=tree, hicache=hicache)
-    weights = runner.decode_weight_bytes
-    chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type, weights)
-    if chunk <= 0:
-        chunk = None
-    max_running = min(args.max_running_requests or runner.max_running_requests, pool_rows.size)
-    speculative = args.speculative_algorithm is not None
-    if speculative and args.max_running_requests is None and max_running > SPEC_MAX_RUNNING:
-        # each running request reserves a whole draft tree per step, and drafting pays only while
-        # the verify pass is memory-bound: beyond a few dozen rows plain decoding wins
-        max_running = SPEC_MAX_RUNNING
-        logger.info("speculative decoding: max_running_requests=%d (set --max-running-requests to change)",
-                    max_running)  # fmt: skip
-    jump_forward = args.enable_jump_forward and not speculative
-    if args.enable_jump_forward and speculative:
-        logger.warning("jump-forward is off with speculative decoding")
-    decode_steps, decode_budget_s = continuous_decode_plan(
-        args.num_continuous_decode_steps,
-        args.continuous_decode_budget_ms,
-        device_type=runner.device.type,
-        speculative=speculative,
-    )
-    cfg = SchedulerConfig(
-        max_running_requests=max_running,
-        max_prefill_tokens=args.max_prefill_tokens,
-        chunked_prefill_size=chunk,
-        schedule_policy=args.schedule_policy,
-        schedule_conservativeness=args.schedule_conservativeness,
-        enable_mixed_chunk=args.enable_mixed_chunk,
-        enable_priority_scheduling=args.enable_priority_scheduling,
-        priority_preemption_threshold=args.priority_preemption_threshold,
-        overlap=use_overlap(args, runner.device.type),
-        stream_interval=args.stream_interval,
-        log_interval=args.log_interval,
-        enable_jump_forward=jump_forward,
-        decode_steps=decode_steps,
-        decode_budget_s=decode_budget_s,
-    )
-    spec = None
-    if speculative:
-        from phloem.runtime.speculative.step import build_speculative_step
-
-        spec = build_speculative_step(
-            runner,
-            args.speculative_algorithm,
-            draft_model_path=args.speculative_draft_model_path,
-            num_steps=args.speculative_num_steps,
-            topk=args.speculative_eagle_topk,
-            num_draft_tokens=args.speculative_num_draft_tokens,
-            seed=args.random_seed,
-            max_batch=min(max_running, args.cuda_graph_max_bs),
-            window_steps=decode_steps,
-        )
-    future_map = FutureMap(4 * max_running + 8, device=runner.device)
+    cfg = _scheduler_config(args, runner)
+    spec = _speculative_step(args, runner, cfg)
+    future_map = FutureMap(4 * cfg.max_running_requests + 8, device=runner.device)
     worker = OverlapWorker(runner, future_map) if cfg.overlap else InlineWorker(runner, future_map)
     eos = set(tokenizer.eos_token_ids)
     sampling = SamplingBatchBuilder(
@@ -174,10 +102,98 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
         grammar=grammar,
         spec=spec,
     )
+    info = _server_info(args, runner, cfg, hicache)
+    runtime = SchedulerRuntime(runner=runner, tokenizer=tokenizer, cache=cache, eos_token_ids=eos, info=info)
+    return scheduler, runtime
+
+
+def _model_runner(args: EngineArgs, source: Any) -> Any:
+    from phloem.runtime.executor.model_runner import ModelRunner
+
+    return ModelRunner(
+        source,
+        dtype=args.dtype,
+        device=args.device,
+        attention_backend=args.attention_backend,
+        max_total_tokens=args.max_total_tokens,
+        mem_fraction_static=args.mem_fraction_static,
+        max_running_requests=args.max_running_requests,
+        context_len=args.context_length,
+        seed=args.random_seed,
+        deterministic=args.enable_deterministic_inference,
+        quantization=None if args.quantization == "none" else args.quantization,
+        cpu_threads=args.cpu_threads,
+        cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
+        kv_cache_dtype=args.kv_cache_dtype,
+        gemm_library=args.gemm_library,
+    )
+
+
+def _max_running(args: EngineArgs, runner: Any, speculative: bool) -> int:
+    max_running = min(args.max_running_requests or runner.max_running_requests, runner.req_to_token_pool.size)
+    if speculative and args.max_running_requests is None and max_running > SPEC_MAX_RUNNING:
+        # each running request reserves a whole draft tree per step, and drafting pays only while
+        # the verify pass is memory-bound: beyond a few dozen rows plain decoding wins
+        max_running = SPEC_MAX_RUNNING
+        logger.info("speculative decoding: max_running_requests=%d (set --max-running-requests to change)",
+                    max_running)  # fmt: skip
+    return max_running
+
+
+def _scheduler_config(args: EngineArgs, runner: Any) -> SchedulerConfig:
+    chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type, runner.decode_weight_bytes)
+    speculative = args.speculative_algorithm is not None
+    jump_forward = args.enable_jump_forward and not speculative
+    if args.enable_jump_forward and speculative:
+        logger.warning("jump-forward is off with speculative decoding")
+    decode_steps, decode_budget_s = continuous_decode_plan(
+        args.num_continuous_decode_steps,
+        args.continuous_decode_budget_ms,
+        device_type=runner.device.type,
+        speculative=speculative,
+    )
+    return SchedulerConfig(
+        max_running_requests=_max_running(args, runner, speculative),
+        max_prefill_tokens=args.max_prefill_tokens,
+        chunked_prefill_size=chunk if chunk > 0 else None,
+        schedule_policy=args.schedule_policy,
+        schedule_conservativeness=args.schedule_conservativeness,
+        enable_mixed_chunk=args.enable_mixed_chunk,
+        enable_priority_scheduling=args.enable_priority_scheduling,
+        priority_preemption_threshold=args.priority_preemption_threshold,
+        overlap=use_overlap(args, runner.device.type),
+        stream_interval=args.stream_interval,
+        log_interval=args.log_interval,
+        enable_jump_forward=jump_forward,
+        decode_steps=decode_steps,
+        decode_budget_s=decode_budget_s,
+    )
+
+
+def _speculative_step(args: EngineArgs, runner: Any, cfg: SchedulerConfig) -> Any:
+    if args.speculative_algorithm is None:
+        return None
+    from phloem.runtime.speculative.step import build_speculative_step
+
+    return build_speculative_step(
+        runner,
+        args.speculative_algorithm,
+        draft_model_path=args.speculative_draft_model_path,
+        num_steps=args.speculative_num_steps,
+        topk=args.speculative_eagle_topk,
+        num_draft_tokens=args.speculative_num_draft_tokens,
+        seed=args.random_seed,
+        max_batch=min(cfg.max_running_requests, args.cuda_graph_max_bs),
+        window_steps=cfg.decode_steps,
+    )
+
+
+def _server_info(args: EngineArgs, runner: Any, cfg: SchedulerConfig, hicache: Any) -> dict[str, Any]:
+    """What ``get_server_info`` reports of the scheduler's setup; logged once at start-up."""
     info = {
         "max_total_num_tokens": runner.max_total_num_tokens,
-        "chunked_prefill_size": chunk,
-        "max_running_requests": max_running,
+        "chunked_prefill_size": cfg.chunked_prefill_size,
+        "max_running_requests": cfg.max_running_requests,
         "max_prefill_tokens": args.max_prefill_tokens,
         "context_length": runner.context_len,
         "vocab_size": runner.vocab_size,
@@ -193,11 +209,10 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     logger.info(
         "max_total_num_tokens=%d, chunked_prefill_size=%s, max_running_requests=%d, context_len=%d, "
         "available_mem=%.2f GB, overlap_schedule=%s",
-        info["max_total_num_tokens"], chunk, max_running, info["context_length"], info["available_mem_gb"],
-        cfg.overlap,
+        info["max_total_num_tokens"], cfg.chunked_prefill_size, cfg.max_running_requests, info["context_length"],
+        info["available_mem_gb"], cfg.overlap,
     )  # fmt: skip
-    runtime = SchedulerRuntime(runner=runner, tokenizer=tokenizer, cache=cache, eos_token_ids=eos, info=info)
-    return scheduler, runtime
+    return info
 
 
 def _hierarchical_cache(args: EngineArgs, runner: Any, tree: Any, source: Any) -> Any:

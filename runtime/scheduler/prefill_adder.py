@@ -12,7 +12,9 @@ three budgets hold:
   on the next prefill step.
 
 The adder only decides; the scheduler allocates. Matching and locking the prefix happen before a
-request is offered (``prefix_len`` set), because the charge depends on it.
+request is offered (``prefix_len`` set), because the charge depends on it. The adder owns its
+budgets: callers read them and change them only through its methods (``charge``, ``credit``,
+``lift_forecast``, ``withdraw``).
 """
 
 from __future__ import annotations
@@ -49,23 +51,75 @@ class PrefillAdder:
         max_new_reqs: int,
     ) -> None:
         charged = sum(charged_future_tokens(r, new_token_ratio) for r in running)
-        self.rem_total = available_tokens - charged
-        self.rem_input = max_prefill_tokens
-        self.rem_chunk = chunk_size if chunk_size is not None else max_prefill_tokens
-        self.max_new_reqs = max_new_reqs
-        self.can_run: list[Req] = []
-        self.new_chunked: Req | None = None
+        self._rem_total: float = available_tokens - charged
+        self._rem_input = max_prefill_tokens
+        self._rem_chunk = chunk_size if chunk_size is not None else max_prefill_tokens
+        self._max_new_reqs = max_new_reqs
+        self._can_run: list[Req] = []
+        self._new_chunked: Req | None = None
+
+    @property
+    def rem_total(self) -> float:
+        """KV tokens the pool can still promise this round."""
+        return self._rem_total
+
+    @property
+    def rem_input(self) -> int:
+        """New tokens this prefill pass may still take."""
+        return self._rem_input
+
+    @property
+    def rem_chunk(self) -> int:
+        """Tokens the chunk may still take (0 once a request was cut)."""
+        return self._rem_chunk
+
+    @property
+    def can_run(self) -> list[Req]:
+        """The requests admitted this round, in order (a copy)."""
+        return list(self._can_run)
+
+    @property
+    def new_chunked(self) -> Req | None:
+        """The admitted request that was cut: it continues first on the next prefill step."""
+        return self._new_chunked
 
     @property
     def full(self) -> bool:
-        return len(self.can_run) >= self.max_new_reqs or self.rem_input <= 0 or self.rem_chunk <= 0
+        return len(self._can_run) >= self._max_new_reqs or self._rem_input <= 0 or self._rem_chunk <= 0
+
+    @property
+    def takes_tokens(self) -> bool:
+        """Whether this pass has tokens left, whatever the running cap."""
+        return self._rem_chunk > 0 and self._rem_input > 0
+
+    def covers(self, need: float) -> bool:
+        """Whether the forecast can promise ``need`` more tokens."""
+        return self._rem_total >= need
+
+    def charge(self, tokens: float) -> None:
+        """Take ``tokens`` off the forecast (slots that locking a prefix took out of the pool)."""
+        self._rem_total -= tokens
+
+    def credit(self, tokens: float) -> None:
+        """Give ``tokens`` back to the forecast (a lock undone, a running request retracted)."""
+        self._rem_total += tokens
+
+    def lift_forecast(self) -> None:
+        """Stop forecasting: nothing else runs, so a request is admitted if its pass fits at all."""
+        self._rem_total = float("inf")
+
+    def withdraw(self, req: Req) -> None:
+        """Undo admitting ``req`` (its slots could not be allocated); it is no longer the cut one."""
+        self._can_run.remove(req)
+        if self._new_chunked is req:
+            self._new_chunked = None
 
     def add_chunked(self, req: Req) -> None:
         """A request in the middle of a chunked prefill continues first, whatever the forecast
         (its memory was promised when it was admitted; the caller lists it among ``running`` so
         the rest of it is already charged)."""
         todo = len(req.fill_ids) - req.kv_len
-        take = min(todo, self.rem_chunk, self.rem_input)
+        take = min(todo, self._rem_chunk, self._rem_input)
         self._take(req, take, total_todo=todo, charge=0)
 
     def add(self, req: Req, *, allow_chunk: bool = True) -> AddResult:
@@ -73,13 +127,13 @@ class PrefillAdder:
             return AddResult.NO_ROOM
         todo = len(req.fill_ids) - req.prefix_len
         need = todo + req.remaining_new_tokens
-        if need > self.rem_total:
+        if need > self._rem_total:
             return AddResult.NO_TOKEN
-        take = min(todo, self.rem_chunk, self.rem_input)
+        take = min(todo, self._rem_chunk, self._rem_input)
         if take < todo and not allow_chunk:
             # A request that may not be cut (input logprobs) waits for a pass of its own,
             # unless nothing else is in this pass: then it runs whole.
-            if self.can_run:
+            if self._can_run:
                 return AddResult.NO_ROOM
             take = todo
         if take <= 0:
@@ -91,10 +145,10 @@ class PrefillAdder:
         req.extend_len = take
         req.is_chunked = take < total_todo
         if req.is_chunked:
-            self.new_chunked = req
-            self.rem_chunk = 0  # only the last request may be chunked
+            self._new_chunked = req
+            self._rem_chunk = 0  # only the last request may be chunked
         else:
-            self.rem_chunk -= take
-        self.rem_input -= take
-        self.rem_total -= charge
-        self.can_run.append(req)
+            self._rem_chunk -= take
+        self._rem_input -= take
+        self._rem_total -= charge
+        self._can_run.append(req)

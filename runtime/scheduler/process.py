@@ -190,9 +190,8 @@ def freeze_startup_heap() -> int:
     """Put every object alive after start-up (model modules, tokenizer tables, caches) out of the
     cyclic collector's reach, and return how many there are.
 
-    Otherwise each full collection rescans them all while the loop waits: with the default model
-    on a 2-core CPU, ~175k objects and a 90-130 ms stall of every running request
-    (``benchmarks/gc_pauses.py``). Objects made later are collected as usual.
+    Otherwise each full collection rescans them all while the loop waits, stalling every running
+    request (``benchmarks/gc_pauses.py`` measures it). Objects made later are collected as usual.
     """
     gc.collect()
     gc.freeze()

@@ -8,18 +8,16 @@ Why: on CUDA the first passes of each kind pay one-off costs that later passes d
 - the caching allocator grows to a full prefill pass's activations (``cudaMalloc`` per block);
 - lazily loaded CUDA modules (cuBLAS, torch's sampling kernels) load on first launch.
 
-Without a warm-up the first requests a server takes pay for all of them. On an H200 with the
-Qwen3-0.6B shape and an empty Triton cache (``docs/benchmarks.md``, twelfth round), the offline
-workload with the warm-up against without, in four alternating pairs on two machines: output
-throughput +0.2% to +3.5%, mean time to first token -5% to -26%. It costs 2.2-2.5 s of start-up
-there, 3.4-3.6 s with the grammar request below (the kernel builds it moves would be paid anyway).
+Without a warm-up the first requests a server takes pay for all of them, mostly in time to
+first token (``docs/benchmarks.md`` has the figures). It costs seconds of start-up, more with
+the grammar request below (the kernel builds it moves would be paid anyway).
 
 The requests are random token ids (the model never sees text here) in three waves, each run to
 completion before the next:
 
 1. one short prompt (one sequence, odd length), with logprobs: batch-1 prefill and decode; with
-   a grammar backend, also a JSON-schema request: it builds the backend (seconds) before ready.
-   On an H200 the first constrained request took ~3 s without it and 52-59 ms with it;
+   a grammar backend, also a JSON-schema request: it builds the backend (seconds) before ready,
+   which the first constrained request would otherwise wait for;
 2. ragged prompts that fill one prefill pass and spill into a second, so one of them is chunked,
    with greedy, top-k/top-p and penalized sampling rows: the largest pass the engine will run;
 3. half of wave 2's prompts again, cut short and extended with new tokens: passes that extend

@@ -60,10 +60,10 @@ def _workload(h: Harness, seed: int, *, stream: bool) -> None:
 def test_plain_decode_loop_matches_the_general_loop(overlap, stream, pool):
     fast = Harness(pool=pool, overlap=overlap, max_running=8)
     general = Harness(pool=pool, overlap=overlap, max_running=8)
-    general.s._is_plain_decode = lambda batch, out: False  # every step through _process_rows
+    general.s.decode_step.is_plain = lambda batch, out: False  # every step through process_rows
     taken = []
-    decode_rows = fast.s._process_decode_rows
-    fast.s._process_decode_rows = lambda reqs, tokens: (taken.append(len(reqs)), decode_rows(reqs, tokens))
+    decode_rows = fast.s.decode_step.process_plain_rows
+    fast.s.decode_step.process_plain_rows = lambda reqs, tokens: (taken.append(len(reqs)), decode_rows(reqs, tokens))
     _workload(fast, 7, stream=stream)
     _workload(general, 7, stream=stream)
     assert taken, "the plain decode loop never ran"

@@ -50,6 +50,32 @@ def adder(available: int, running=(), *, ratio=0.5, max_prefill=1000, chunk=None
     )
 
 
+def test_adder_budget_changes_only_through_its_methods():
+    a = adder(100)
+    a.charge(30)  # a prefix lock took slots out of the pool
+    assert a.rem_total == 70 and a.covers(70) and not a.covers(71)
+    a.credit(10)
+    assert a.rem_total == 80
+    assert a.add(make_req("big", 200, max_new=0)) == AddResult.NO_TOKEN
+    a.lift_forecast()  # alone: any pass that fits is admitted
+    assert a.add(make_req("big", 200, max_new=0)) == AddResult.ADDED
+    with pytest.raises(AttributeError):
+        a.rem_total = 5  # type: ignore[misc]
+
+
+def test_adder_withdraw_undoes_an_admission_and_the_cut():
+    a = adder(1000, chunk=50)
+    r1, r2 = make_req("a", 20), make_req("b", 100)
+    assert a.add(r1) == AddResult.ADDED and a.add(r2) == AddResult.ADDED
+    assert a.new_chunked is r2 and not a.takes_tokens
+    a.can_run.clear()  # a copy: the adder's own list is untouched
+    assert a.can_run == [r1, r2]
+    a.withdraw(r2)
+    assert a.can_run == [r1] and a.new_chunked is None
+    a.withdraw(r1)
+    assert a.can_run == [] and a.new_chunked is None
+
+
 def test_adder_charges_running_requests_by_ratio_and_ignore_eos_exactly():
     r1 = make_req("a", 10, max_new=100, out=20)  # 80 left x 0.5 = 40
     r1.kv_len = len(r1.fill_ids)
