@@ -36,7 +36,7 @@ import sys
 from importlib.util import spec_from_file_location
 
 ROOTS = {"phloem": "phloem", "phloem.runtime": "runtime", "phloem.grammars": "grammars",
-         "phloem.lang": "lang", "phloem.bench": "benchmarks"}
+         "phloem.lang": "lang", "phloem.bench": "benchmarks", "phloem.training": "training"}
 TREE = "$PWD"
 
 
