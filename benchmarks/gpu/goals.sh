@@ -7,8 +7,9 @@
 #     benchmarks/gpu/goals.sh OUTDIR GOAL [GOAL ...]
 #
 # Each goal writes OUTDIR/<goal>.json, the file that its table row names under
-# benchmarks/results/h200/, and OUTDIR/<goal>.log. Goals run one after another (never two on one
-# GPU) in the order given; `all` runs every goal. A goal that fails is reported and the next one runs.
+# benchmarks/results/h200/ (with the commit, the date and the device added), and OUTDIR/<goal>.log.
+# Set GIT_COMMIT where the tree was copied without its history. Goals run one after another (never
+# two on one GPU) in the order given; `all` runs every goal. A goal that fails is reported and the next one runs.
 set -u
 out=${1:?usage: goals.sh OUTDIR GOAL [GOAL ...]}
 shift
@@ -16,6 +17,8 @@ mkdir -p "$out"
 [ -n "${PHLOEM_SETUP_DONE:-}" ] || source benchmarks/gpu/setup_h200.sh install > /dev/null
 
 tok=${TOKENIZER:-.gputok}
+# the commit measured: a copied tree may carry no (or a stale) .git, so GIT_COMMIT wins
+commit=${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 step="python3 benchmarks/gpu/step_profile.py --load-format dummy --tokenizer-path $tok --no-torch-profile --input-len 128"
 offline="python3 -m phloem bench offline --load-format dummy --tokenizer-path $tok --device cuda --dataset random
  --num-prompts 256 --random-input-len 1024 --random-output-len 1024 --random-range-ratio 0.1 --seed 0 --disable-tqdm"
@@ -56,5 +59,15 @@ for g in "${goals[@]}"; do
         echo "$g: unknown goal (known: $ORDER)" >&2
         continue
     fi
+    # what the table's row needs beside the figure: the code's commit, the date and the device
+    [ -s "$out/$g.json" ] && python3 - "$out/$g.json" "$g" "$commit" <<'PY'
+import json, sys, time
+import torch
+path, goal, commit = sys.argv[1:]
+data = json.load(open(path))
+meta = {"goal_row": goal, "git_commit": commit, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+data.setdefault("date", time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+json.dump({**meta, **data}, open(path, "w"), indent=1)
+PY
     echo "$g rc=$rc $(( $(date +%s) - t0 ))s tok/s=${figure:-?}"
 done
