@@ -508,54 +508,33 @@ def decode_scratch(
 
 
 def decode_attention(
-    q: torch.Tensor,
-    k_buf: torch.Tensor,
-    v_buf: torch.Tensor,
-    out: torch.Tensor,
-    part_o: torch.Tensor,
-    part_lse: torch.Tensor,
+    q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+    out: torch.Tensor, part_o: torch.Tensor, part_lse: torch.Tensor,
     *,
-    req_to_token: torch.Tensor,
-    req_pool_indices: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sm_scale: float,
-    k_scale: float = 1.0,
-    v_scale: float = 1.0,
-    block_n: int | None = None,
-    num_warps: int | None = None,
-    num_stages: int | None = None,
-    f16_dot: bool | None = None,
-    heads_first: bool | None = None,
-    merge_grouped: bool | None = None,
-    new_kv: NewTokenKV | None = None,
-    prefetch: bool | None = None,
-) -> torch.Tensor:
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    sm_scale: float, k_scale: float = 1.0, v_scale: float = 1.0,
+    block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
+    f16_dot: bool | None = None, heads_first: bool | None = None, merge_grouped: bool | None = None,
+    new_kv: NewTokenKV | None = None, prefetch: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
     """One query per request over ``req_to_token[r, :seq_lens[r]]``; fills ``out`` ``[B, Hq, D]``.
 
     ``part_o`` ``[B, Hq, S, BLOCK_D]`` and ``part_lse`` ``[B, Hq, S]`` (float32) are scratch, with
     ``S`` from :func:`decode_num_splits`. ``k_scale``, ``v_scale``: as in :func:`extend_attention`.
-    ``block_n``, ``num_warps``, ``num_stages``: tuning knobs (see :func:`_split_tile` for the
-    defaults). None of the options below changes a result:
+    ``block_n``, ``num_warps``, ``num_stages``: tuning knobs (defaults: :func:`_split_tile`).
+    None of these options changes a result:
 
-    - ``f16_dot`` (default: an fp8 pool read by a bfloat16 query): both dots in float16, since e4m3
-      widens to float16 in one instruction per pair of values and a bfloat16 query converts
-      exactly (magnitudes past 65,504 saturate); float32 accumulation either way.
-    - ``heads_first`` (default on; ``PHLOEM_DECODE_ORDER=requests`` turns it off): the split
-      kernel's programs go KV head first, so programs that run side by side read the heads of the
-      same tokens, whose K (and V) for all heads is one contiguous row.
-    - ``merge_grouped``: a merge program combines the splits of a KV head's whole group of query
-      heads (the default from :data:`_MERGE_GROUPED_MIN_PAIRS` (request, KV head) pairs), or of
-      one query head (fewer pairs: more, shorter programs, so a small grid still fills the SMs).
-    - ``new_kv``: the step's own token is neither rotated nor in the pool yet (the Triton backend's
-      decode; :class:`NewTokenKV`). The split kernel then does what ``rope_store_`` would have done
-      before it, saving a launch and a round trip through memory per layer: it rotates ``q`` in
-      registers (``q`` itself is left as it is), takes the new key and value from ``new_kv``
-      rather than from the pool, and writes them to their slots.
-    - ``prefetch`` (with ``new_kv`` only; default: below ``PHLOEM_DECODE_PREFETCH_PAIRS``
-      (request, KV head) pairs): a split program reads its first block of keys before its PDL
-      wait, while the kernels before it still run; at a few pairs each program's chain of loads
-      (length, slots, keys) is what the step waits on, and nothing of that block is written in
-      the step.
+    - ``f16_dot`` (default: an fp8 pool read by a bfloat16 query): both dots in float16, to which
+      e4m3 widens in one instruction per pair (a bfloat16 query converts exactly up to 65,504).
+    - ``heads_first`` (default on; ``PHLOEM_DECODE_ORDER=requests``: off): programs that run side
+      by side read the heads of the same tokens, whose K (and V) is one contiguous row.
+    - ``merge_grouped``: a merge program takes a KV head's whole group of query heads (the default
+      from :data:`_MERGE_GROUPED_MIN_PAIRS` pairs) or one query head (a small grid fills the SMs).
+    - ``new_kv``: the step's token is neither rotated nor stored yet (:class:`NewTokenKV`); the
+      split kernel rotates ``q`` in registers, reads the new K/V from ``new_kv`` and stores them,
+      a launch and a round trip through memory fewer per layer than ``rope_store_`` first.
+    - ``prefetch`` (with ``new_kv``; default below ``PHLOEM_DECODE_PREFETCH_PAIRS`` pairs): a split
+      program reads its first key block before its PDL wait, while earlier kernels still run.
     """
     batch, num_q_heads, head_dim = q.shape
     num_kv_heads = k_buf.shape[1]
