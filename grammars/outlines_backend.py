@@ -17,6 +17,7 @@ import outlines_core
 import torch
 from outlines_core.json_schema import build_regex_from_schema
 
+from .automaton import TokenAutomaton, build_automaton
 from .base import GrammarBackend, GrammarKind, GrammarMatcher, GrammarSpec, fill_stop_only
 
 _TERMINATED = -1  # pseudo-state pushed when a stop token is accepted
@@ -32,6 +33,7 @@ class _OutlinesGrammar:
     stop_token_ids: tuple[int, ...]
     num_words: int
     masks: dict[int, np.ndarray] = field(default_factory=dict)
+    automaton: TokenAutomaton | None = None  # the same DFA as device tables, when asked for
 
     def mask(self, state: int) -> np.ndarray:
         """The int32 mask row of a DFA state (cached)."""
@@ -123,6 +125,17 @@ class OutlinesMatcher(GrammarMatcher):
         return OutlinesMatcher(self._grammar, list(self._states))
 
     @property
+    def automaton(self) -> TokenAutomaton | None:
+        """The compiled grammar's device automaton, if it was built."""
+        return self._grammar.automaton
+
+    def automaton_state(self) -> int:
+        """The current state as a local id of :attr:`automaton` (-1 once terminated)."""
+        assert self._grammar.automaton is not None
+        state = self._states[-1]
+        return -1 if state == _TERMINATED else self._grammar.automaton.local(state)
+
+    @property
     def num_accepted(self) -> int:
         return len(self._states) - 1
 
@@ -136,6 +149,9 @@ class OutlinesBackend(GrammarBackend):
         Regex for the whitespace a JSON schema allows between tokens (outlines' default if None).
     max_recursion_depth : int
         How deep recursive ``$ref`` schemas are unrolled into the regex.
+    build_automata : bool
+        Also build each grammar's :class:`~phloem.grammars.automaton.TokenAutomaton` (for masks
+        on the device); a DFA too large for it fails the compile with a ``GrammarError``.
     """
 
     name = "outlines"
@@ -149,8 +165,10 @@ class OutlinesBackend(GrammarBackend):
         stop_token_ids: Sequence[int],
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = 3,
+        build_automata: bool = False,
     ) -> None:
         super().__init__(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
+        self._build_automata = build_automata
         self._whitespace = whitespace_pattern
         self._max_depth = max_recursion_depth
         self._token_bytes = token_bytes_table(tokenizer, vocab_size=self.vocab_size)
@@ -158,11 +176,15 @@ class OutlinesBackend(GrammarBackend):
 
     def _compile(self, spec: GrammarSpec) -> _OutlinesGrammar:
         index = outlines_core.Index(self._regex(spec), self._vocabulary)
+        automaton = None
+        if self._build_automata:
+            automaton = build_automaton(index, stop_token_ids=self.stop_token_ids, vocab_size=self.vocab_size)
         return _OutlinesGrammar(
             index=index,
             token_bytes=self._token_bytes,
             stop_token_ids=self.stop_token_ids,
             num_words=(self.vocab_size + 31) // 32,
+            automaton=automaton,
         )
 
     def _regex(self, spec: GrammarSpec) -> str:

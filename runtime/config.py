@@ -90,6 +90,12 @@ class EngineArgs:
     log_interval: int = _opt(40, "decode steps between two log lines")
     # --- grammars
     grammar_backend: str = _opt("xgrammar", "constrained decoding backend", ("xgrammar", "llguidance", "outlines", "none"))
+    grammar_on_device: str = _opt(
+        "auto",
+        "regex and regular JSON schema grammars as token automata on the device (masked inside "
+        "continuous decode); auto: on CUDA without speculative decoding",
+        ("auto", "on", "off"),
+    )
     grammar_compile_timeout: float = _opt(30.0, "seconds before a grammar compile fails its request")
     enable_jump_forward: bool = _opt(False, "append grammar-forced text without a forward per token")
     # --- speculative decoding

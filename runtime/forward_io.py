@@ -58,6 +58,11 @@ class SamplingInfo:
     banned_mask: torch.Tensor | None = None
     # Grammar bitmask, int32 [B, ceil(V/32)]: bit j of word w allows token 32*w + j. None = free.
     vocab_mask: torch.Tensor | None = None
+    # Grammars on the device (grammars.automaton.AutomatonLaunch), or None; with each row's
+    # request-pool row and starting state (-1: continue from the device), [B] int64.
+    automaton: Any = None
+    automaton_rows: torch.Tensor | None = None
+    automaton_init: torch.Tensor | None = None
     # Compact alternative to output_token_counts: [B, L] int64 output ids so far, padded with -1;
     # the sampler counts them on the device (a much smaller copy than [B, V]).
     output_ids: torch.Tensor | None = None

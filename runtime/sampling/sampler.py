@@ -3,7 +3,7 @@
 Order of operations for row ``b`` (every step is vectorized over the batch)::
 
     x = logits[b]
-    x[t] = -inf            where the grammar bitmask disallows t
+    x[t] = -inf            where the grammar bitmask disallows t (host mask, device automaton)
     x[t] = -inf            where t is banned (min_new_tokens not reached: EOS / stop ids)
     x += logit_bias[b]
     x = penalize(x, counts of tokens generated so far)
@@ -67,10 +67,15 @@ class Sampler:
         torch.Tensor
             Int64 ``[B]`` token ids, on the device of ``logits``.
         """
-        x = process_logits(logits, info)
-        if info.is_greedy_all:
-            return greedy_tokens(x)
-        return self._sample(x, info)
+        auto = info.automaton
+        if auto is not None and fused_automaton_greedy(info):
+            return automaton_greedy_tokens(logits, info)
+        states = auto.current(info.automaton_rows, info.automaton_init) if auto is not None else None
+        x = process_logits(logits, info, automaton_states=states)
+        tokens = greedy_tokens(x) if info.is_greedy_all else self._sample(x, info)
+        if states is not None:
+            auto.advance(info.automaton_rows, states, tokens)
+        return tokens
 
     def step_sampler(self, info: SamplingInfo) -> Callable[[torch.Tensor], torch.Tensor]:
         """``logits -> tokens`` for a batch that samples every one of several steps with ``info``
@@ -80,6 +85,8 @@ class Sampler:
         sampler as called one step at a time."""
         if plain_greedy(info):
             return functools.partial(greedy_tokens, min_vocab=0)
+        if info.automaton is not None and fused_automaton_greedy(info):
+            return functools.partial(automaton_greedy_tokens, info=info)
         return functools.partial(self.__call__, info=info)
 
     def reset(self) -> None:
@@ -136,6 +143,7 @@ def plain_greedy(info: SamplingInfo) -> bool:
     return (
         info.is_greedy_all
         and info.vocab_mask is None
+        and info.automaton is None
         and info.banned_mask is None
         and info.logit_bias is None
         and info.output_token_counts is None
@@ -143,15 +151,50 @@ def plain_greedy(info: SamplingInfo) -> bool:
     )
 
 
-# ---------------------------------------------------------------------- logit processing
-def process_logits(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
-    """Apply grammar mask, banned tokens, logit bias and penalties (in this order).
+def fused_automaton_greedy(info: SamplingInfo) -> bool:
+    """Whether a batch with device automata takes :func:`automaton_greedy_tokens`: every row greedy,
+    no other logit processing, sampling tensors on CUDA with the fused kernels on."""
+    rows = info.automaton_rows
+    return (
+        rows is not None
+        and use_fused(rows)
+        and info.is_greedy_all
+        and info.vocab_mask is None
+        and info.banned_mask is None
+        and info.logit_bias is None
+        and info.output_token_counts is None
+        and info.output_ids is None
+    )
 
-    Returns ``logits`` itself when nothing applies, otherwise a new tensor.
+
+def automaton_greedy_tokens(logits: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
+    """Greedy tokens of a batch under device automata, whose states advance over them: the two
+    Triton launches of :func:`~phloem.runtime.sampling.automaton_triton.automaton_greedy` (the
+    torch path masks, takes the argmax and advances in about a dozen)."""
+    from phloem.runtime.sampling.automaton_triton import automaton_greedy
+
+    auto = info.automaton
+    auto.start(info.automaton_rows, info.automaton_init)
+    snap = auto.snapshot
+    return automaton_greedy(logits, auto.table.state, info.automaton_rows, snap.masks, snap.keys, snap.targets)
+
+
+# ---------------------------------------------------------------------- logit processing
+def process_logits(
+    logits: torch.Tensor, info: SamplingInfo, *, automaton_states: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Apply grammar masks, banned tokens, logit bias and penalties (in this order).
+
+    ``automaton_states``: the rows' states in ``info.automaton`` (grammars on the device), whose
+    mask rows apply besides the host's ``vocab_mask``. Returns ``logits`` itself when nothing
+    applies, otherwise a new tensor.
     """
     x = logits
     if info.vocab_mask is not None:
         x = apply_vocab_mask(x.clone(), info.vocab_mask)
+    if automaton_states is not None:
+        masks = info.automaton.snapshot.mask_rows(automaton_states)
+        x = apply_vocab_mask(x.clone() if x is logits else x, masks)
     if info.banned_mask is not None:
         x = x.masked_fill(info.banned_mask, float("-inf"))
     if info.logit_bias is not None:

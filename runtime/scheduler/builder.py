@@ -91,7 +91,7 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     sampling = SamplingBatchBuilder(
         runner.vocab_size, eos_token_ids=eos, pin_memory=runner.device.type == "cuda", device=runner.device
     )
-    grammar = _grammar_queue(args, tokenizer, runner.vocab_size, eos)
+    grammar = _grammar_queue(args, tokenizer, runner, eos)
     scheduler = Scheduler(
         cfg,
         cache=cache,
@@ -243,15 +243,30 @@ def _hierarchical_cache(args: EngineArgs, runner: Any, tree: Any, source: Any) -
     )
 
 
-def _grammar_queue(args: EngineArgs, tokenizer: Any, vocab_size: int, eos: set[int]) -> Any:
+def _grammar_queue(args: EngineArgs, tokenizer: Any, runner: Any, eos: set[int]) -> Any:
     if args.grammar_backend == "none":
         return None
     from phloem.runtime.scheduler.grammar_queue import GrammarQueue
 
+    automata = None
+    if grammar_on_device(args, runner.device.type):
+        from phloem.grammars.automaton import AutomatonTable
+
+        rows = runner.req_to_token_pool.req_to_token.shape[0]
+        automata = AutomatonTable(runner.vocab_size, rows, runner.device)
     return GrammarQueue(
         backend_name=args.grammar_backend,
         tokenizer=tokenizer,
-        vocab_size=vocab_size,
+        vocab_size=runner.vocab_size,
         stop_token_ids=eos,
         compile_timeout=args.grammar_compile_timeout,
+        automata=automata,
     )
+
+
+def grammar_on_device(args: EngineArgs, device_type: str) -> bool:
+    """Whether regular grammars run as device automata: ``--grammar-on-device on``, or ``auto`` on
+    CUDA. Never with speculative decoding, whose verify step masks a tree of drafts on the host."""
+    if args.speculative_algorithm is not None or args.grammar_on_device == "off":
+        return False
+    return args.grammar_on_device == "on" or device_type == "cuda"

@@ -6,6 +6,13 @@ alone with an abort carrying the backend's message and the field at fault
 (``sampling_params.regex``, ...; HTTP 400 at the edge, naming the client's field). The backend
 itself is built on the first constrained request, which is the start-up warm-up's where it runs
 (CUDA by default): importing and indexing a tokenizer costs seconds.
+
+Grammars on the device (``--grammar-on-device``, docs/design.md §6): a regex, or a JSON schema
+whose language is regular (``grammars.regular.runs_on_device``), compiles into a token automaton
+(outlines-core's DFA) whose masks and transitions live in the scheduler's ``AutomatonTable``. Such
+a row masks and advances on the device, so it needs no host mask, joins continuous decode, and the
+host only checks its tokens afterwards with a matcher over the same DFA. A spec that does not
+compile that way (too large, a feature the conversion does not honour) takes the server's backend.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 import torch
 from phloem.runtime.sampling.params import PREFIX as SAMPLING_PREFIX
 from phloem.runtime.sampling.stop import FinishReason
+from phloem.runtime.scheduler.policy import needs_host_mask
 from phloem.runtime.scheduler.req import Req
 
 logger = logging.getLogger("phloem.scheduler")
@@ -31,14 +39,17 @@ class GrammarQueue:
         vocab_size: int,
         stop_token_ids: set[int],
         compile_timeout: float,
+        automata: Any = None,
     ) -> None:
         self.backend_name = backend_name
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self.compile_timeout = compile_timeout
+        self.automata = automata  # AutomatonTable, or None: every grammar takes the host path
         self.pending: list[Req] = []
         self._manager: Any = None
+        self._device_manager: Any = None
         self.compile_times: list[float] = []  # appended by compile threads, drained by take_compile_times
 
     @property
@@ -60,6 +71,25 @@ class GrammarQueue:
             )
         return self._manager
 
+    @property
+    def device_manager(self) -> Any:
+        """The compile cache of device automata (outlines-core DFAs with their tables)."""
+        if self._device_manager is None:
+            from phloem.grammars.manager import GrammarManager
+            from phloem.grammars.registry import create_backend
+
+            backend = create_backend(
+                "outlines",
+                tokenizer=self.tokenizer.hf,
+                vocab_size=self.vocab_size,
+                stop_token_ids=self.stop_token_ids,
+                build_automata=True,
+            )
+            self._device_manager = GrammarManager(
+                backend, compile_timeout=self.compile_timeout, on_compiled=self.compile_times.append
+            )
+        return self._device_manager
+
     def take_compile_times(self) -> list[float]:
         """Compile durations recorded since the last call (the list object stays: the manager
         holds its ``append``)."""
@@ -70,13 +100,27 @@ class GrammarQueue:
     # ------------------------------------------------------------------ queue
     def add(self, req: Req) -> None:
         from phloem.grammars.base import GrammarSpec
+        from phloem.grammars.regular import runs_on_device
 
-        kind, text = req.params.grammar
-        try:
-            req.grammar_future = self.manager.submit(GrammarSpec(kind, text))  # type: ignore[attr-defined]
-        except Exception as e:  # backend construction failed: fail this request, keep serving
-            req.grammar_future = _failed(e)  # type: ignore[attr-defined]
+        spec = GrammarSpec(*req.params.grammar)
+        req.grammar_future = None
+        if self.automata is not None and runs_on_device(spec):
+            try:
+                req.grammar_future = self.device_manager.submit(spec)
+                req.grammar_on_device = True
+            except Exception:  # the outlines backend cannot be built: the host path serves it
+                logger.exception("device grammar backend failed; grammars take the host path")
+                self.automata = None
+        if req.grammar_future is None:
+            self._submit_host(req, spec)
         self.pending.append(req)
+
+    def _submit_host(self, req: Req, spec: Any) -> None:
+        req.grammar_on_device = False
+        try:
+            req.grammar_future = self.manager.submit(spec)
+        except Exception as e:  # backend construction failed: fail this request, keep serving
+            req.grammar_future = _failed(e)
 
     def ready(self, scheduler: Any) -> list[Req]:
         """Requests whose grammar is compiled (matcher attached); failures are finished here."""
@@ -89,8 +133,19 @@ class GrammarQueue:
             if not fut.done():
                 still.append(req)
                 continue
+            if req.grammar_on_device and fut.exception() is not None:
+                from phloem.grammars.base import GrammarSpec
+
+                self._submit_host(req, GrammarSpec(*req.params.grammar))  # the backend decides
+                still.append(req)
+                continue
             try:
-                req.grammar = self.manager.new_matcher(fut.result())
+                if req.grammar_on_device:
+                    req.grammar = self.device_manager.new_matcher(fut.result())
+                    assert self.automata is not None
+                    req.automaton = self.automata.acquire(req.grammar.automaton)  # None: table full
+                else:
+                    req.grammar = self.manager.new_matcher(fut.result())
                 out.append(req)
             except Exception as e:
                 kind, _ = req.params.grammar  # the queue holds constrained requests only
@@ -117,9 +172,29 @@ class GrammarQueue:
 
         return jump_forward(req.grammar, self.tokenizer, req.output_ids[first_mutable:])
 
+    def automaton_rows(self, reqs: list[Req], discard: list[bool]) -> tuple[Any, Any, Any] | None:
+        """``(AutomatonLaunch, rows, init)`` of a launch, or None when no row masks on the device.
+        A row starts from the state its matcher is in when the host has seen all its tokens,
+        from the device's state when a step of it is still in flight, and free when it is
+        unconstrained or its token is thrown away (a prefill chunk)."""
+        if self.automata is None or not any(r.automaton is not None for r in reqs):
+            return None
+        from phloem.grammars.automaton import FREE, AutomatonLaunch
+
+        init = []
+        for req, dropped in zip(reqs, discard):
+            if req.automaton is None or dropped:
+                init.append(FREE)
+            elif req.pending_outputs:
+                init.append(-1)
+            else:
+                init.append(req.automaton.global_state(req.grammar.automaton_state()))
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        return AutomatonLaunch(self.automata), rows, torch.tensor(init, dtype=torch.int64)
+
     def fill_mask(self, reqs: list[Req]) -> torch.Tensor | None:
-        """Bitmask ``[B, ceil(V/32)]`` for a batch, or None when no row is constrained."""
-        rows = [i for i, r in enumerate(reqs) if r.grammar is not None and not r.finished]
+        """Bitmask ``[B, ceil(V/32)]`` for a batch, or None when no row needs a host mask."""
+        rows = [i for i, r in enumerate(reqs) if needs_host_mask(r) and not r.finished]
         if not rows:
             return None
         from phloem.grammars.bitmask import allocate_bitmask

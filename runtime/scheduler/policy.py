@@ -100,16 +100,22 @@ class NewTokenRatio:
         self.value = max(self.value, min(value, 1.0))
 
 
+def needs_host_mask(req: Req) -> bool:
+    """A constrained row whose mask the host fills (its grammar is not on the device)."""
+    return req.grammar is not None and req.automaton is None
+
+
 def decodes_ahead(req: Req) -> bool:
     """Whether a request may take several decode steps before the host sees their tokens
     (continuous decode): nothing about its next token may depend on the host reading the one
-    before. Logprobs are read per step; a grammar's mask follows every token; penalties count
+    before. Logprobs are read per step; a grammar's host mask follows every token (a grammar on
+    the device masks and advances there); penalties count
     output tokens on the host; a seeded stream is positioned per step; and the min_new_tokens
     ban lifts at a step the host must see."""
     p = req.params
     return not (
         req.return_logprob
-        or req.grammar is not None
+        or needs_host_mask(req)
         or p.frequency_penalty
         or p.presence_penalty
         or p.repetition_penalty != 1.0

@@ -55,6 +55,9 @@ class Req:
     first_admitted: bool = False
     finished_reason: FinishReason | None = None
     grammar: Any = None  # GrammarMatcher or None
+    grammar_future: Any = None  # Future[CompiledGrammar] while the grammar compiles
+    grammar_on_device: bool = False  # compiling into a device automaton (grammar_queue)
+    automaton: Any = None  # AutomatonEntry: the grammar masks on the device (grammar_queue)
     sent_output_len: int = 0  # output ids already sent to the detokenizer
     init_sent: bool = False
     # Logprobs accumulated since the last send: lists of wire pairs/lists.

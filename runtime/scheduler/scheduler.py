@@ -37,6 +37,7 @@ from phloem.runtime.scheduler.policy import (
     DecodePace,
     NewTokenRatio,
     decodes_ahead,
+    needs_host_mask,
     ratio_after_retraction,
     retraction_order,
 )
@@ -222,9 +223,9 @@ class Scheduler:
     def _grammar_mask(self, batch: ScheduledBatch) -> tuple[Any, Future[Any] | None]:
         """The batch's grammar bitmask now, or a future filled after the in-flight step is
         processed (when a constrained row's previous token is still in flight)."""
-        if self.grammar is None or not any(r.grammar is not None for r in batch.reqs):
+        if self.grammar is None or not any(map(needs_host_mask, batch.reqs)):
             return None, None
-        if any(r.grammar is not None and r.pending_outputs for r in batch.reqs):
+        if any(needs_host_mask(r) and r.pending_outputs for r in batch.reqs):
             fut: Future[Any] = Future()
             return fut, fut
         return self.grammar.fill_mask(batch.reqs), None

@@ -24,6 +24,9 @@ def launch_forward(s: Scheduler, batch: ScheduledBatch, vocab_mask: Any) -> Futu
     future_ids = s.worker.future_map.reserve(len(batch.reqs))
     ids = gather_new_tokens(batch)
     sampling = s.sampling.build(batch.reqs, vocab_mask=vocab_mask)
+    auto = s.grammar.automaton_rows(batch.reqs, batch.discard) if s.grammar is not None else None
+    if auto is not None:  # read before pending_outputs counts this launch
+        sampling.automaton, sampling.automaton_rows, sampling.automaton_init = auto
     fi = build_forward_input(batch, req_to_token=s.req_pool.req_to_token, input_ids=ids, sampling=sampling)
     # EAGLE follows every computed token: plain passes return the target's hidden states
     fi.return_hidden_states = s.spec is not None and s.spec.needs_hidden
