@@ -29,15 +29,13 @@ declare -A STEP=(
     [smollm2_decode_batch64]="--batch 64 --max-new-tokens 256"
     [llama3-8b_decode_batch1]="--dummy-shape llama3-8b --batch 1 --max-new-tokens 64"
     [llama3-8b_decode_batch64]="--dummy-shape llama3-8b --batch 64 --max-new-tokens 128"
-    [smollm2_no_grammar_batch1]="--batch 1 --max-new-tokens 64"
-    [smollm2_json_schema_batch1]="--batch 1 --max-new-tokens 64 --json-schema"
 )
 declare -A OFFLINE=(
     [qwen3-0.6b_offline]="--dummy-shape qwen3-0.6b"
     [llama3-8b_offline_bf16_kv]="--dummy-shape llama3-8b"
     [llama3-8b_offline_fp8_kv]="--dummy-shape llama3-8b --kv-cache-dtype fp8_e4m3"
 )
-ORDER="smollm2_decode_batch1 smollm2_decode_batch64 smollm2_no_grammar_batch1 smollm2_json_schema_batch1
+ORDER="smollm2_decode_batch1 smollm2_decode_batch64
  llama3-8b_decode_batch1 llama3-8b_decode_batch64 qwen3-0.6b_offline llama3-8b_offline_bf16_kv llama3-8b_offline_fp8_kv"
 
 goals=("$@")

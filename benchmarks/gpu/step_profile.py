@@ -50,6 +50,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         "max_running_requests": max(args.batch, 1),
         "num_continuous_decode_steps": args.decode_steps,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "grammar_on_device": args.grammar_on_device,
+        "enable_jump_forward": args.jump_forward,
     }
     if args.spec:
         kw.update(
@@ -70,13 +72,45 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
 
 # A schema whose strings never force an end: the constrained rows run their full length.
 NOTE_SCHEMA = '{"type": "object", "properties": {"note": {"type": "string"}}, "required": ["note"]}'
+# A regex of unbounded length: words until a period.
+WORDS_REGEX = r"[A-Za-z][A-Za-z ,]*\."
+# A schema whose long keys are forced text (jump-forward's case).
+KEYS_SCHEMA = (
+    '{"type": "object", "properties": {'
+    '"customer_identification_number": {"type": "integer"}, '
+    '"preferred_delivery_address_line": {"type": "string", "maxLength": 12}, '
+    '"subscription_renewal_is_automatic": {"type": "boolean"}, '
+    '"number_of_previous_orders_placed": {"type": "integer"}}, '
+    '"required": ["customer_identification_number", "preferred_delivery_address_line", '
+    '"subscription_renewal_is_automatic", "number_of_previous_orders_placed"]}'
+)
+# An everyday extraction schema: strings, numbers, an enum, a list, a nested object.
+RECORD_SCHEMA = (
+    '{"type": "object", "properties": {'
+    '"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}, '
+    '"email": {"type": "string", "pattern": "^[a-z]{1,12}@[a-z]{1,10}\\\\.com$"}, '
+    '"role": {"enum": ["admin", "editor", "viewer"]}, '
+    '"tags": {"type": "array", "items": {"type": "string", "maxLength": 10}, "maxItems": 4}, '
+    '"address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, '
+    '"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["city", "zip"]}}, '
+    '"required": ["name", "age", "email", "role", "tags", "address"]}'
+)
+GRAMMARS = {
+    "none": {},
+    "json-schema": {"json_schema": NOTE_SCHEMA},
+    "regex": {"regex": WORDS_REGEX},
+    "keys": {"json_schema": KEYS_SCHEMA},
+    "record": {"json_schema": RECORD_SCHEMA},
+}
 
 
 def make_reqs(
-    rt: Any, batch: int, input_len: int, max_new: int, tag: str, schema: bool = False, min_len: int = 0
+    rt: Any, batch: int, input_len: int, max_new: int, tag: str, grammar: str = "none", min_len: int = 0
 ) -> list[Any]:
     """``batch`` greedy requests; prompts of ``input_len`` tokens, or with ``min_len`` lengths drawn
-    uniformly from ``[min_len, input_len]`` (seeded: the same lengths in every window)."""
+    uniformly from ``[min_len, input_len]`` (seeded: the same lengths in every window).
+    ``grammar``: a key of ``GRAMMARS`` for every row, or ``mixed`` (even rows the JSON schema, odd
+    rows free)."""
     from phloem.runtime.sampling.params import SamplingParams
     from phloem.runtime.sampling.stop import StopChecker
     from phloem.runtime.scheduler.req import Req
@@ -92,10 +126,24 @@ def make_reqs(
         want = lengths[i] if lengths else input_len
         if want:
             ids = (ids * (want // max(len(ids), 1) + 1))[:want]
-        params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True,
-                                json_schema=NOTE_SCHEMA if schema else None)  # fmt: skip
+        kind = ("json-schema" if i % 2 == 0 else "none") if grammar == "mixed" else grammar
+        params = SamplingParams(max_new_tokens=max_new, temperature=0.0, ignore_eos=True, **GRAMMARS[kind])
         reqs.append(Req(rid=f"{tag}{i}", origin_input_ids=ids, params=params,
                         stop_checker=StopChecker(params, eos_token_ids=rt.eos_token_ids)))  # fmt: skip
+    return reqs
+
+
+def free_twins(rt: Any, reqs: list[Any], like: list[Any]) -> list[Any]:
+    """``reqs`` without their grammar, each limited to the output length of its twin in ``like``
+    (the unconstrained side of a comparison at equal input and output lengths)."""
+    import msgspec
+    from phloem.runtime.sampling.stop import StopChecker
+
+    for req, twin in zip(reqs, like):
+        req.params = msgspec.structs.replace(
+            req.params, json_schema=None, regex=None, max_new_tokens=max(1, len(twin.output_ids))
+        )
+        req.stop_checker = StopChecker(req.params, eos_token_ids=rt.eos_token_ids)
     return reqs
 
 
@@ -103,7 +151,8 @@ def prefill_all(s: Any, reqs: list[Any]) -> None:
     for r in reqs:
         s.add_request(r)
     while any(not r.output_ids for r in reqs):
-        s.step()
+        if not s.step():
+            time.sleep(0.001)  # grammars compiling: leave their threads the interpreter
 
 
 def drive_prefill(s: Any, reqs: list[Any]) -> dict[str, Any]:
@@ -173,6 +222,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
     s.drain()
     total = time.perf_counter() - t0
     tokens = sum(len(r.output_ids) for r in reqs) - start_tokens
+    kinds = [r.finished_reason.kind for r in reqs if getattr(r, "finished_reason", None) is not None]
     in_order = [round(1e3 * w, 3) for w in walls]
     walls.sort()
     per_token.sort()
@@ -188,6 +238,9 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
         if clock is not None
         else None,
         "tokens_per_step": tokens / len(walls),
+        # rows the host's grammar check ended (a token the mask should not have allowed): must be 0
+        "grammar_rejected": sum(kind == "abort" for kind in kinds),
+        "finish_kinds": sorted(set(kinds)),
         # per decode step, comparable across launch shapes (a launch of K steps counts K times)
         "decode_step_ms_median": 1e3 * per_token[len(per_token) // 2] if per_token else None,
         "step_wall_ms": in_order,
@@ -265,7 +318,13 @@ def main() -> None:
     p.add_argument("--spec-topk", type=int, default=1)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
     p.add_argument("--no-draft-ahead", action="store_true", help="EAGLE: draft each step's trees on demand")
-    p.add_argument("--json-schema", action="store_true", help="every request constrained by a JSON schema")
+    p.add_argument("--json-schema", action="store_true", help="same as --grammar json-schema")
+    p.add_argument("--grammar", default="none", choices=[*GRAMMARS, "mixed"],
+                   help="constrain every request (mixed: every other one by the JSON schema)")
+    p.add_argument("--grammar-on-device", default="auto", choices=["auto", "on", "off"])
+    p.add_argument("--jump-forward", action="store_true", help="--enable-jump-forward")
+    p.add_argument("--vs-free", action="store_true",
+                   help="also time the requests without a grammar at the constrained outputs' lengths")
     p.add_argument("--cprofile", action="store_true")
     p.add_argument("--no-torch-profile", action="store_true")
     p.add_argument(
@@ -289,8 +348,8 @@ def main() -> None:
     }
 
     def reqs_for(tag: str) -> list[Any]:
-        return make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, tag, args.json_schema,
-                         args.min_input_len)  # fmt: skip
+        grammar = "json-schema" if args.json_schema else args.grammar
+        return make_reqs(rt, args.batch, args.input_len, args.max_new_tokens, tag, grammar, args.min_input_len)
 
     def window(reqs: list[Any]) -> dict[str, Any]:
         """Time the chosen window over fresh requests; the rest of their life runs outside it."""
@@ -308,7 +367,15 @@ def main() -> None:
     s.flush_cache()  # the timed prompts prefill again (a cached prompt would start EAGLE's draft late)
 
     graphs = _captures(s)
-    result["timing"] = window(reqs_for("t"))
+    timed = reqs_for("t")
+    result["timing"] = window(timed)
+    if args.vs_free:
+        # the same requests without a grammar, each run to the length its constrained twin reached
+        window(free_twins(rt, reqs_for("fw"), timed))
+        s.flush_cache()
+        result["free_timing"] = window(free_twins(rt, reqs_for("f"), timed))
+        result["ratio_to_free"] = result["timing"]["tok_s"] / result["free_timing"]["tok_s"]
+        print(json.dumps({"free_tok_s": result["free_timing"]["tok_s"], "ratio": result["ratio_to_free"]}))
     if s.spec is not None:
         result["timing"]["accept_length"] = s.spec.mean_accept_length
         result["timing"]["graphs_captured_in_window"] = _captures(s) - graphs
