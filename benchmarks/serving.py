@@ -76,8 +76,14 @@ def concurrency_list(value: str | None) -> list[int | None]:
     return [int(x) for x in str(value).split(",") if x.strip()]
 
 
-def constrained_keys(sessions: list[Session]) -> set[tuple[int, int]]:
-    return {(s.sid, i) for s in sessions for i, t in enumerate(s.turns) if t.json_schema is not None}
+def constrained_turns(sessions: list[Session]) -> dict[tuple[int, int], dict[str, Any]]:
+    """The grammar of every constrained (session, turn), for the report's validity check."""
+    return {
+        (s.sid, i): {"json_schema": t.json_schema, "regex": t.regex}
+        for s in sessions
+        for i, t in enumerate(s.turns)
+        if t.constrained
+    }
 
 
 def run_info(ns: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
@@ -174,7 +180,7 @@ async def measure(
     after = await scrape_metrics(metrics_url) if metrics_url else None
     scraped = counter_delta(before, after) if before and after else None
     report = summarize(
-        results, duration, scraped=scraped, constrained=constrained_keys(sessions), vocab=vocab
+        results, duration, scraped=scraped, constrained=constrained_turns(sessions), vocab=vocab
     )
     return report, results
 
