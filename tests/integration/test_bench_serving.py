@@ -102,11 +102,11 @@ def get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-@pytest.fixture(scope="module")
-def server():
+def serve(*flags: str):
+    """Start ``phloem serve`` with ``flags``; yields its URL once healthy, stops it afterwards."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "phloem", "serve", "--port", str(port), "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "phloem", "serve", "--port", str(port), "--log-level", "warning", *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while get(url + "/health")[0] != 200:
@@ -122,6 +122,30 @@ def server():
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serve()
+
+
+def export_tokenizer(folder) -> None:
+    """The default model's tokenizer as a Hugging Face tokenizer folder (no weights)."""
+    from phloem.runtime.model_files import resolve_model
+    from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+
+    files = load_tokenizer(resolve_model(None)).to_hf_files()
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(files["tokenizer_json"]))
+    (folder / "tokenizer_config.json").write_text(json.dumps(files["tokenizer_config"]))
+
+
+@pytest.fixture(scope="module")
+def dummy_server(tmp_path_factory):
+    """Random weights of the default shape with a tokenizer folder, as a GPU server is started."""
+    folder = tmp_path_factory.mktemp("dummy") / "tok"
+    export_tokenizer(folder)
+    yield from serve("--load-format", "dummy", "--tokenizer-path", str(folder))
 
 
 def counters(url: str) -> dict[str, float]:
@@ -216,12 +240,8 @@ def test_tokenizer_route_matches_the_server_tokenization(server):
 def test_bench_serving_with_a_tokenizer_folder(server, tmp_path):
     """A Hugging Face tokenizer folder (what ``--tokenizer-path`` takes) works as ``--tokenizer``,
     and counts the same prompt tokens as the server's own tokenizer."""
-    _, body = get(server + "/tokenizer")
-    files = json.loads(body)
     folder = tmp_path / "tok"
-    folder.mkdir()
-    (folder / "tokenizer.json").write_text(json.dumps(files["tokenizer_json"]))
-    (folder / "tokenizer_config.json").write_text(json.dumps(files["tokenizer_config"]))
+    export_tokenizer(folder)
     flags = [
         "--dataset",
         "random",
@@ -237,3 +257,19 @@ def test_bench_serving_with_a_tokenizer_folder(server, tmp_path):
     assert local["tokenizer"] == str(folder) and remote["tokenizer"] == "server"
     assert local["total_input_tokens"] == remote["total_input_tokens"] == 2 * 24
     assert local["errors"] == [] and not local["token_count_mismatch"]
+
+
+@pytest.mark.slow
+def test_bench_serving_against_random_weights_and_a_tokenizer_folder(dummy_server, tmp_path):
+    """``phloem serve --load-format dummy --tokenizer-path DIR`` (how GPU servers run): the bench
+    takes the server's tokenizer without ``--tokenizer``; plain and constrained runs of the same
+    lengths make the same tokens, every output obeys its grammar."""
+    flags = ["--num-prompts", "3", "--random-input-len", "40", "--random-output-len", "48"]
+    random_run = run_bench(dummy_server, tmp_path / "random.jsonl", "--dataset", "random", *flags)
+    schema_run = run_bench(dummy_server, tmp_path / "schema.jsonl", "--dataset", "json-schema", *flags)
+    for report in (random_run, schema_run):
+        assert report["completed"] == 3 and report["errors"] == [] and report["tokenizer"] == "server"
+        assert (report["total_input_tokens"], report["total_output_tokens_server"]) == (3 * 40, 3 * 48)
+    assert random_run["token_count_check"] == "done"
+    assert schema_run["constrained_invalid"] == 0
+    assert schema_run["token_count_check"] == "not applicable: every output was constrained by a grammar"

@@ -97,3 +97,23 @@ def test_report_counts_invalid_outputs_as_errors():
     assert clean["constrained_invalid"] == 0 and clean["errors"] == []
     none = summarize(results[3:], 1.0)
     assert none["constrained_valid_rate"] is None and "Constrained valid rate" not in format_report(none)
+
+
+def test_constrained_outputs_are_left_out_of_the_token_count_check():
+    """A grammar spells text in tokens the tokenizer would not pick, so their retokenized count is
+    lower; only unconstrained requests are compared."""
+    grammar = {"json_schema": SCHEMA, "regex": None}
+    spelled = [result(i, THREE[:40], "length") for i in range(2)]
+    for r in spelled:
+        r.server_output_tokens, r.client_output_tokens = 64, 40
+    report = summarize(spelled, 1.0, constrained={(0, 0): grammar, (1, 0): grammar})
+    assert not report["token_count_mismatch"] and report["errors"] == []
+    assert report["token_count_check"] == "not applicable: every output was constrained by a grammar"
+    assert report["total_output_tokens_server"] == 128 and report["requests_not_token_checked"] == 2
+    assert "Token count check" in format_report(report)
+    plain = result(2, "the the", "length")
+    plain.server_output_tokens, plain.client_output_tokens = 64, 2
+    mixed = summarize([*spelled, plain], 1.0, constrained={(0, 0): grammar, (1, 0): grammar})
+    assert mixed["token_count_mismatch"] and mixed["token_count_check"] == "done"
+    unconstrained = summarize(spelled, 1.0)
+    assert unconstrained["token_count_mismatch"]
