@@ -205,7 +205,7 @@ def run_engine(
     """Append to ``rows`` one row per (kind, batch size) on ``engine``; compile timings where asked."""
     table = grammars(engine.tm.tokenizer, ns.output_len)
     one_token_latency(engine, {})  # warm-up
-    compiles = {}
+    compiles: dict[str, dict[str, Any]] = {}
     if not jump_forward and ns.compile_repeat > 0:
         compiles = {
             k: compile_point(engine, table[k], ns.compile_repeat)
