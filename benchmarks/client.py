@@ -28,6 +28,7 @@ class Prepared:
     prompt_len: int  # counted by the client's tokenizer
     messages: list[dict[str, str]] | None = None
     json_schema: dict[str, Any] | None = None
+    regex: str | None = None
     ignore_eos: bool = True
 
 
@@ -195,6 +196,8 @@ def sampling_params(req: Prepared) -> dict[str, Any]:
         params["ignore_eos"] = True
     if req.json_schema is not None:
         params["json_schema"] = json.dumps(req.json_schema)
+    if req.regex is not None:
+        params["regex"] = req.regex
     return params
 
 
@@ -235,6 +238,8 @@ class OpenAIBackend(HttpBackend):
             body["prompt"] = req.text
         if req.json_schema is not None:
             body |= json_format(req)
+        if req.regex is not None:
+            body["regex"] = req.regex  # SGLang's extra field, which ours and llama.cpp's accept too
         return body
 
     def on_event(self, event: dict[str, Any], clock: StreamClock, result: Result) -> None:

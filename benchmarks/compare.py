@@ -37,6 +37,7 @@ import sys
 import time
 from typing import Any
 
+from phloem.bench.bench_tokenizer import load_tokenizer
 from phloem.bench.client import OpenAIBackend
 from phloem.bench.datasets import build_dataset
 from phloem.bench.runner import ChatTokenizer, RunOptions
@@ -46,7 +47,6 @@ from phloem.bench.serving import (
     concurrency_list,
     dataset_options,
     first_model,
-    load_tokenizer,
     measure,
     wait_ready,
     warm_up,
@@ -286,6 +286,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--ready-timeout", type=float, default=600.0)
     p.add_argument("--output", default=None, help="write the command, machine, medians and runs as JSON")
     p.add_argument("--plot", default=None, metavar="PNG", help="write tok/s and TTFT vs concurrency")
+    p.add_argument(
+        "--tokenizer",
+        default="default",
+        help="builds prompts and counts tokens for both servers: 'default' (the default model's), a "
+        "folder with tokenizer.json, a .gguf file or a model folder",
+    )
     add_dataset_args(p)
     add_run_args(p)
     ns = p.parse_args(argv)

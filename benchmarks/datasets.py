@@ -17,7 +17,14 @@ shared-prefix   ``num_groups`` x ``prompts_per_group`` raw prompts; each group s
 multi-turn      ``num_conversations`` chats of ``num_turns`` user turns; each turn resends the history.
 agent           ``num_agents`` tool-using loops: one fixed system prompt with a tool list, a task,
                 then ``num_steps`` observations appended to a growing history; short outputs.
-json-schema     ``num_prompts`` extraction requests constrained by a JSON schema.
+json-schema     ``random``'s prompts and lengths, each reply constrained by a JSON schema (a list
+                of records too long to finish within the output length).
+regex           the same with a regex (a list of dates too long to finish).
+
+``json-schema`` and ``regex`` draw their lengths exactly as ``random`` does, so for one seed the
+three send the same number of prompt tokens and ask for the same output lengths; their grammars
+need more tokens than ``random_output_len`` to complete, so every reply runs to its length (cut
+short, like ``random``'s with ``ignore_eos``) and output tokens/s compare like with like.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ class Turn:
     content: str
     output_len: int
     json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.regex is not None
 
 
 @dataclass(frozen=True)
@@ -87,9 +99,6 @@ class DatasetOptions:
     task_len: int = 48
     tool_result_len: int = 64
     agent_output_len: int = 24
-    # json-schema
-    json_input_len: int = 96
-    json_output_len: int = 96
 
 
 # Common English words; those that are one token (with and without a leading space) under the
@@ -227,50 +236,81 @@ def agent_dataset(maker: TextMaker, opt: DatasetOptions) -> list[Session]:
     return sessions
 
 
-# ---- JSON-schema extraction ------------------------------------------------------------------------
-JSON_SCHEMAS: list[dict[str, Any]] = [
-    {
-        "type": "object",
-        "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer"}},
-        "required": ["name", "age"],
-        "additionalProperties": False,
+# ---- constrained: JSON schema, regex ---------------------------------------------------------------
+RECORD: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "city": {"type": "string", "maxLength": 16},
+        "year": {"type": "integer", "minimum": 1900, "maximum": 2099},
     },
-    {
-        "type": "object",
-        "properties": {
-            "product": {"type": "string", "maxLength": 24},
-            "price": {"type": "number"},
-            "in_stock": {"type": "boolean"},
-        },
-        "required": ["product", "price", "in_stock"],
-        "additionalProperties": False,
-    },
-    {
-        "type": "object",
-        "properties": {
-            "city": {"type": "string", "maxLength": 24},
-            "country": {"type": "string", "maxLength": 24},
-        },
-        "required": ["city", "country"],
-        "additionalProperties": False,
-    },
-]
+    "required": ["name", "city", "year"],
+    "additionalProperties": False,
+}
+# The fewest characters a record can take (compact JSON, empty strings): what it costs at least.
+SHORTEST_RECORD = '{"name":"","city":"","year":1900}'
+JSON_INSTRUCTION = "JSON records (name, city, year) of the people in:"
+
+DATE = r"(19|20)\d\d-[01]\d-[0-3]\d"
+SHORTEST_DATE = "1900-01-01, "
+REGEX_INSTRUCTION = "The dates (YYYY-MM-DD) in:"
+
+
+def units_needed(tokenizer: TokenizerLike, shortest: str, output_len: int) -> int:
+    """How many repeated units (records, dates) a grammar must ask for so no reply completes within
+    ``output_len`` tokens. A model may spell a unit in fewer tokens than the tokenizer's own encoding
+    of it, so the count is doubled; extra units cost nothing, the reply is cut at ``output_len``."""
+    per_unit = max(1, len(tokenizer.encode(shortest)))
+    return 2 * (output_len // per_unit + 1)
+
+
+def records_schema(count: int) -> dict[str, Any]:
+    """A JSON array of at least ``count`` records."""
+    return {"type": "array", "items": RECORD, "minItems": count}
+
+
+def dates_regex(count: int) -> str:
+    """At least ``count`` comma-separated dates."""
+    return f"({DATE}, ){{{count},}}{DATE}"
+
+
+def _instructed(maker: TextMaker, sessions: list[Session], instruction: str) -> list[tuple[str, int]]:
+    """Each one-turn session's prompt with ``instruction`` in place of its first words, the token
+    count unchanged; with its output length."""
+    head = maker.count(instruction)
+    out = []
+    for s in sessions:
+        (turn,) = s.turns
+        words = turn.content.split(" ")
+        if len(words) <= head:
+            raise ValueError(
+                f"--random-input-len must exceed the instruction's {head} tokens (got {len(words)})"
+            )
+        text = instruction + " " + " ".join(words[head:])
+        if maker.count(text) != len(words):
+            raise ValueError(f"built {maker.count(text)} tokens for a target of {len(words)}")
+        out.append((text, turn.output_len))
+    return out
 
 
 def json_schema_dataset(maker: TextMaker, opt: DatasetOptions) -> list[Session]:
-    """Raw prompts asking for one JSON object; ``json_schema`` constrains the reply."""
-    rng = random.Random(opt.seed)
-    sessions = []
-    for i in range(opt.num_prompts):
-        schema = JSON_SCHEMAS[i % len(JSON_SCHEMAS)]
-        keys = ", ".join(schema["properties"])
-        text = (
-            f"Read the passage and reply with a JSON object with the keys {keys}.\nPassage: "
-            + maker.make(opt.json_input_len, rng)
-            + "\nJSON:"
+    """``random``'s sessions asking for JSON records; ``json_schema`` constrains each reply."""
+    prompts = _instructed(maker, random_dataset(maker, opt), JSON_INSTRUCTION)
+    return [
+        Session(
+            i, (Turn(text, n, json_schema=records_schema(units_needed(maker.tokenizer, SHORTEST_RECORD, n))),)
         )
-        sessions.append(Session(i, (Turn(text, opt.json_output_len, json_schema=schema),)))
-    return sessions
+        for i, (text, n) in enumerate(prompts)
+    ]
+
+
+def regex_dataset(maker: TextMaker, opt: DatasetOptions) -> list[Session]:
+    """``random``'s sessions asking for dates; ``regex`` constrains each reply."""
+    prompts = _instructed(maker, random_dataset(maker, opt), REGEX_INSTRUCTION)
+    return [
+        Session(i, (Turn(text, n, regex=dates_regex(units_needed(maker.tokenizer, SHORTEST_DATE, n))),))
+        for i, (text, n) in enumerate(prompts)
+    ]
 
 
 DATASETS: dict[str, Callable[[TextMaker, DatasetOptions], list[Session]]] = {
@@ -279,6 +319,7 @@ DATASETS: dict[str, Callable[[TextMaker, DatasetOptions], list[Session]]] = {
     "multi-turn": multi_turn_dataset,
     "agent": agent_dataset,
     "json-schema": json_schema_dataset,
+    "regex": regex_dataset,
 }
 
 

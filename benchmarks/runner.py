@@ -51,7 +51,10 @@ def prepare(
         prompt_len=len(tokenizer.encode(text)),
         messages=messages,
         json_schema=turn.json_schema,
-        ignore_eos=ignore_eos and turn.json_schema is None,
+        regex=turn.regex,
+        # The workloads' grammars cannot complete within a turn's output length, so EOS is masked
+        # out anyway; ignore_eos keeps the server's admission estimate the same as unconstrained.
+        ignore_eos=ignore_eos,
     )
 
 

@@ -18,6 +18,7 @@ import sys
 import time
 from typing import Any
 
+from phloem.bench.bench_tokenizer import TokenizerSourceError, bench_tokenizer
 from phloem.bench.client import BACKENDS, Backend, Result
 from phloem.bench.datasets import DATASETS, DatasetOptions, Session, build_dataset, warmup_sessions
 from phloem.bench.report import append_jsonl, counter_delta, format_report, parse_prometheus, summarize
@@ -48,9 +49,6 @@ def add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-rate", type=float, default=float("inf"), help="sessions per second (Poisson)")
     p.add_argument("--warmup-requests", type=int, default=1, help="short requests sent before measuring")
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false", help="let EOS stop outputs")
-    p.add_argument(
-        "--tokenizer", default=None, help="model path whose tokenizer counts tokens (default model)"
-    )
     p.add_argument("--output-file", default=None, help="append one JSON line per run")
     p.add_argument("--output-details", action="store_true", help="include every request in the JSON line")
     p.add_argument("--disable-tqdm", action="store_true")
@@ -62,6 +60,12 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name for OpenAI routes (default: /v1/models' first)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG charts (needs matplotlib)")
+    p.add_argument(
+        "--tokenizer",
+        default="server",
+        help="builds prompts and counts tokens: 'server' (the server's own, from GET /tokenizer), "
+        "'default' (the default model's), a folder with tokenizer.json, a .gguf file or a model folder",
+    )
     add_dataset_args(p)
     add_run_args(p)
 
@@ -72,15 +76,14 @@ def concurrency_list(value: str | None) -> list[int | None]:
     return [int(x) for x in str(value).split(",") if x.strip()]
 
 
-def load_tokenizer(path: str | None) -> ChatTokenizer:
-    from phloem.runtime.model_files import resolve_model
-    from phloem.runtime.tokenizer.tokenizer import load_tokenizer as load
-
-    return load(resolve_model(path))
-
-
-def constrained_keys(sessions: list[Session]) -> set[tuple[int, int]]:
-    return {(s.sid, i) for s in sessions for i, t in enumerate(s.turns) if t.json_schema is not None}
+def constrained_turns(sessions: list[Session]) -> dict[tuple[int, int], dict[str, Any]]:
+    """The grammar of every constrained (session, turn), for the report's validity check."""
+    return {
+        (s.sid, i): {"json_schema": t.json_schema, "regex": t.regex}
+        for s in sessions
+        for i, t in enumerate(s.turns)
+        if t.constrained
+    }
 
 
 def run_info(ns: argparse.Namespace, argv: list[str] | None) -> dict[str, Any]:
@@ -124,6 +127,25 @@ async def first_model(base_url: str, api_key: str | None) -> str | None:
     return models[0].get("id") if models else None
 
 
+async def dummy_vocab(base_url: str, api_key: str | None, tokenizer: Any) -> tuple[int, int] | None:
+    """(the model's token ids, the tokenizer's) when the server runs random weights
+    (``load_format`` ``dummy`` on ``/get_server_info``), for ``report.token_check``; else None."""
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        async with (
+            aiohttp.ClientSession(headers=headers) as s,
+            s.get(base_url.rstrip("/") + "/get_server_info") as r,
+        ):
+            info = await r.json() if r.status == 200 else {}
+    except (aiohttp.ClientError, ValueError):
+        return None
+    if not isinstance(info, dict) or info.get("load_format") != "dummy" or not info.get("vocab_size"):
+        return None
+    return int(info["vocab_size"]), int(tokenizer.vocab_size)
+
+
 async def wait_ready(base_url: str, timeout: float) -> None:
     """Poll ``/health`` until it answers 200 (raises TimeoutError)."""
     import aiohttp
@@ -158,7 +180,7 @@ async def measure(
     after = await scrape_metrics(metrics_url) if metrics_url else None
     scraped = counter_delta(before, after) if before and after else None
     report = summarize(
-        results, duration, scraped=scraped, constrained=constrained_keys(sessions), vocab=vocab
+        results, duration, scraped=scraped, constrained=constrained_turns(sessions), vocab=vocab
     )
     return report, results
 
@@ -178,22 +200,26 @@ Run = tuple[dict[str, Any], list[Result]]
 
 async def serve_bench(ns: argparse.Namespace, argv: list[str] | None) -> list[Run]:
     """(report, results) per concurrency level; reports are printed and optionally written as JSON lines."""
-    tokenizer = load_tokenizer(ns.tokenizer)
+    tokenizer = await bench_tokenizer(ns.tokenizer, ns.base_url, ns.api_key)
     sessions = build_dataset(ns.dataset, tokenizer, dataset_options(ns))
     model = ns.model or (await first_model(ns.base_url, ns.api_key) if ns.backend == "openai" else None)
+    vocab = await dummy_vocab(ns.base_url, ns.api_key, tokenizer)
     runs: list[Run] = []
     for conc in concurrency_list(ns.max_concurrency):
         backend = BACKENDS[ns.backend](ns.base_url, model=model, api_key=ns.api_key)
         try:
             await warm_up(backend, tokenizer, ns.warmup_requests)
             opt = RunOptions(conc, ns.request_rate, ns.seed, ns.ignore_eos, not ns.disable_tqdm)
-            report, results = await measure(backend, sessions, tokenizer, opt, metrics_url=ns.base_url)
+            report, results = await measure(
+                backend, sessions, tokenizer, opt, metrics_url=ns.base_url, vocab=vocab
+            )
         finally:
             await backend.close()
         report = {
             **run_info(ns, argv),
             "backend": ns.backend,
             "base_url": ns.base_url,
+            "tokenizer": ns.tokenizer,
             "max_concurrency": conc,
         } | report
         runs.append((report, results))
@@ -205,7 +231,11 @@ async def serve_bench(ns: argparse.Namespace, argv: list[str] | None) -> list[Ru
 
 
 def main(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
-    runs = asyncio.run(serve_bench(ns, argv))
+    try:
+        runs = asyncio.run(serve_bench(ns, argv))
+    except TokenizerSourceError as exc:
+        print(f"phloem bench serving: {exc}", file=sys.stderr, flush=True)
+        return 2
     if ns.plot:
         from phloem.bench.plots import write_plots
 

@@ -309,6 +309,22 @@ async def tokenize(request: Request) -> Response:
     return JSONResponse({"tokens": tokens, "count": count, "max_model_len": tm.context_len})
 
 
+@router.get("/tokenizer")
+async def tokenizer_files(request: Request) -> Response:
+    """The server's tokenizer as the contents of a Hugging Face folder's files (see
+    ``Tokenizer.to_hf_files``), so a remote client tokenizes exactly as the server does. The body is
+    built once, off the event loop (a 128k vocabulary is megabytes of JSON), and kept."""
+    state = request.app.state
+    body = getattr(state, "tokenizer_files", None)
+    if body is None:
+        export = getattr(get_tm(request).tokenizer, "to_hf_files", None)
+        if export is None:
+            raise ApiError(404, "this server's tokenizer cannot be exported")
+        body = await asyncio.to_thread(lambda: JSONResponse(export()).body)
+        state.tokenizer_files = body
+    return Response(body, media_type="application/json")
+
+
 @router.post("/v1/detokenize")
 async def detokenize(request: Request) -> Response:
     body = await parse_body(request, DetokenizeBody)

@@ -148,13 +148,30 @@ class Tokenizer:
     @classmethod
     def from_hf_dir(cls, folder: str) -> Tokenizer:
         """Build from ``tokenizer.json`` and ``tokenizer_config.json`` of a Hugging Face directory."""
-        backend = RustTokenizer.from_file(os.path.join(folder, "tokenizer.json"))
+        with open(os.path.join(folder, "tokenizer.json")) as f:
+            tokenizer_json = f.read()
         cfg = _read_json(os.path.join(folder, "tokenizer_config.json"))
-        template = cfg.get("chat_template")
         jinja_path = os.path.join(folder, "chat_template.jinja")
-        if template is None and os.path.exists(jinja_path):
+        if cfg.get("chat_template") is None and os.path.exists(jinja_path):
             with open(jinja_path) as f:
-                template = f.read()
+                cfg = {**cfg, "chat_template": f.read()}
+        gen = _read_json(os.path.join(folder, "generation_config.json"))
+        return cls.from_hf_files(tokenizer_json, cfg, gen)
+
+    @classmethod
+    def from_hf_files(
+        cls,
+        tokenizer_json: str | dict[str, Any],
+        tokenizer_config: dict[str, Any],
+        generation_config: dict[str, Any] | None = None,
+    ) -> Tokenizer:
+        """Build from the contents of a Hugging Face folder's files: ``tokenizer.json`` (text or
+        parsed), ``tokenizer_config.json`` and, optionally, ``generation_config.json`` (its
+        ``eos_token_id``). The inverse of :meth:`to_hf_files`."""
+        text = tokenizer_json if isinstance(tokenizer_json, str) else json.dumps(tokenizer_json)
+        backend = RustTokenizer.from_str(text)
+        cfg = tokenizer_config
+        template = cfg.get("chat_template")
         if isinstance(template, list):  # named templates: take the default one
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
 
@@ -163,8 +180,7 @@ class Tokenizer:
             value = value.get("content") if isinstance(value, dict) else value
             return backend.token_to_id(value) if value else None
 
-        gen = _read_json(os.path.join(folder, "generation_config.json"))
-        eos = gen.get("eos_token_id")
+        eos = (generation_config or {}).get("eos_token_id")
         meta = {
             "bos_token_id": token_id("bos_token"),
             "eos_token_id": token_id("eos_token") if token_id("eos_token") is not None else _first(eos),
@@ -175,6 +191,27 @@ class Tokenizer:
         out = cls(backend, meta)
         out.eos_token_ids |= set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
         return out
+
+    def to_hf_files(self) -> dict[str, Any]:
+        """This tokenizer as the contents of a Hugging Face folder's files, so a remote client can
+        rebuild it with :meth:`from_hf_files`: ``tokenizer_json`` (the parsed ``tokenizer.json``),
+        ``tokenizer_config`` (special tokens by name, ``add_bos_token``, ``chat_template``) and
+        ``generation_config`` (every end-of-sequence id)."""
+
+        def name(i: int | None) -> str | None:
+            return self._tok.id_to_token(i) if i is not None else None
+
+        return {
+            "tokenizer_json": json.loads(self._tok.to_str()),
+            "tokenizer_config": {
+                "bos_token": name(self.bos_token_id),
+                "eos_token": name(self.eos_token_id),
+                "pad_token": name(self._meta.get("pad_token_id")),
+                "add_bos_token": self.add_bos_token,
+                "chat_template": self.chat_template,
+            },
+            "generation_config": {"eos_token_id": sorted(self.eos_token_ids)},
+        }
 
     # ---- encode / decode ----------------------------------------------------------------------
     @property

@@ -59,9 +59,18 @@ TINY = {
         "--agent-output-len",
         "4",
     ],
-    "json-schema": ["--num-prompts", "2", "--json-input-len", "16", "--json-output-len", "48"],
+    "json-schema": ["--num-prompts", "2", "--random-input-len", "32", "--random-output-len", "24"],
+    "regex": ["--num-prompts", "2", "--random-input-len", "32", "--random-output-len", "24"],
 }
-EXPECTED_REQUESTS = {"random": 3, "shared-prefix": 4, "multi-turn": 4, "agent": 4, "json-schema": 2}
+EXPECTED_REQUESTS = {
+    "random": 3,
+    "shared-prefix": 4,
+    "multi-turn": 4,
+    "agent": 4,
+    "json-schema": 2,
+    "regex": 2,
+}
+OUTPUT_LEN = {"json-schema": 24, "regex": 24}  # the others: 4
 REPORT_FIELDS = [
     "completed",
     "failed",
@@ -93,11 +102,11 @@ def get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
-@pytest.fixture(scope="module")
-def server():
+def serve(*flags: str):
+    """Start ``phloem serve`` with ``flags``; yields its URL once healthy, stops it afterwards."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    cmd = [sys.executable, "-m", "phloem", "serve", "--port", str(port), "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "phloem", "serve", "--port", str(port), "--log-level", "warning", *flags]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + READY_TIMEOUT_S
     while get(url + "/health")[0] != 200:
@@ -113,6 +122,30 @@ def server():
         proc.wait(timeout=30)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server():
+    yield from serve()
+
+
+def export_tokenizer(folder) -> None:
+    """The default model's tokenizer as a Hugging Face tokenizer folder (no weights)."""
+    from phloem.runtime.model_files import resolve_model
+    from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+
+    files = load_tokenizer(resolve_model(None)).to_hf_files()
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(json.dumps(files["tokenizer_json"]))
+    (folder / "tokenizer_config.json").write_text(json.dumps(files["tokenizer_config"]))
+
+
+@pytest.fixture(scope="module")
+def dummy_server(tmp_path_factory):
+    """Random weights of the default shape with a tokenizer folder, as a GPU server is started."""
+    folder = tmp_path_factory.mktemp("dummy") / "tok"
+    export_tokenizer(folder)
+    yield from serve("--load-format", "dummy", "--tokenizer-path", str(folder))
 
 
 def counters(url: str) -> dict[str, float]:
@@ -154,10 +187,89 @@ def test_bench_serving_dataset(server, tmp_path, dataset, backend):
         settled_delta(server, before, "prompt_tokens_total", report["total_input_tokens"])
         == report["total_input_tokens"]
     )
-    if dataset == "json-schema":
-        assert report["json_valid_rate"] == 1.0
+    # every reply runs to its length: ignore_eos, or a grammar too long to finish
+    assert report["total_output_tokens_server"] == OUTPUT_LEN.get(dataset, 4) * n
+    if dataset in ("json-schema", "regex"):
+        assert report["constrained_valid_rate"] == 1.0 and report["constrained_invalid"] == 0
     else:
-        assert report["total_output_tokens_server"] == 4 * n  # ignore_eos: exactly max_new_tokens each
+        assert report["constrained_valid_rate"] is None
     if dataset == "shared-prefix":
         assert report["cache_hit_rate"] > 0
     assert os.path.getsize(out) > 0
+
+
+def run_bench(url: str, out, *args: str) -> dict:
+    argv = ["serving", "--base-url", url, *args, "--warmup-requests", "0", "--disable-tqdm"]
+    assert cli.main([*argv, "--output-file", str(out)]) == 0
+    (report,) = [json.loads(line) for line in out.read_text().splitlines()]
+    return report
+
+
+@pytest.mark.slow
+def test_constrained_and_plain_runs_send_and_make_the_same_tokens(server, tmp_path):
+    """With the same length flags, random, json-schema and regex count the same prompt tokens on
+    the server and produce the same output tokens: their output tok/s compare."""
+    flags = ["--num-prompts", "3", "--random-input-len", "48", "--random-output-len", "16"]
+    flags += ["--random-range-ratio", "0.5", "--max-concurrency", "3"]
+    reports = {
+        d: run_bench(server, tmp_path / f"{d}.jsonl", "--dataset", d, *flags)
+        for d in ("random", "json-schema", "regex")
+    }
+    totals = {d: (r["total_input_tokens"], r["total_output_tokens_server"]) for d, r in reports.items()}
+    assert len(set(totals.values())) == 1, totals
+    assert reports["json-schema"]["constrained_invalid"] == 0 and reports["regex"]["constrained_invalid"] == 0
+
+
+def test_tokenizer_route_matches_the_server_tokenization(server):
+    from phloem.bench.bench_tokenizer import tokenizer_from_payload
+
+    status, body = get(server + "/tokenizer")
+    assert status == 200
+    tok = tokenizer_from_payload(json.loads(body), server)
+    text = "Count these: 1234 naïve <|im_end|> words."
+    req = urllib.request.Request(
+        server + "/v1/tokenize",
+        data=json.dumps({"prompt": text, "add_special_tokens": False}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        assert json.loads(r.read())["tokens"] == tok.encode(text)
+
+
+@pytest.mark.slow
+def test_bench_serving_with_a_tokenizer_folder(server, tmp_path):
+    """A Hugging Face tokenizer folder (what ``--tokenizer-path`` takes) works as ``--tokenizer``,
+    and counts the same prompt tokens as the server's own tokenizer."""
+    folder = tmp_path / "tok"
+    export_tokenizer(folder)
+    flags = [
+        "--dataset",
+        "random",
+        "--num-prompts",
+        "2",
+        "--random-input-len",
+        "24",
+        "--random-output-len",
+        "4",
+    ]
+    local = run_bench(server, tmp_path / "local.jsonl", *flags, "--tokenizer", str(folder))
+    remote = run_bench(server, tmp_path / "remote.jsonl", *flags)
+    assert local["tokenizer"] == str(folder) and remote["tokenizer"] == "server"
+    assert local["total_input_tokens"] == remote["total_input_tokens"] == 2 * 24
+    assert local["errors"] == [] and not local["token_count_mismatch"]
+
+
+@pytest.mark.slow
+def test_bench_serving_against_random_weights_and_a_tokenizer_folder(dummy_server, tmp_path):
+    """``phloem serve --load-format dummy --tokenizer-path DIR`` (how GPU servers run): the bench
+    takes the server's tokenizer without ``--tokenizer``; plain and constrained runs of the same
+    lengths make the same tokens, every output obeys its grammar."""
+    flags = ["--num-prompts", "3", "--random-input-len", "40", "--random-output-len", "48"]
+    random_run = run_bench(dummy_server, tmp_path / "random.jsonl", "--dataset", "random", *flags)
+    schema_run = run_bench(dummy_server, tmp_path / "schema.jsonl", "--dataset", "json-schema", *flags)
+    for report in (random_run, schema_run):
+        assert report["completed"] == 3 and report["errors"] == [] and report["tokenizer"] == "server"
+        assert (report["total_input_tokens"], report["total_output_tokens_server"]) == (3 * 40, 3 * 48)
+    assert random_run["token_count_check"] == "done"
+    assert schema_run["constrained_invalid"] == 0
+    assert schema_run["token_count_check"] == "not applicable: every output was constrained by a grammar"

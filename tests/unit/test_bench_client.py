@@ -104,6 +104,13 @@ class FakeServer:
     async def models(self, request: web.Request) -> web.Response:
         return web.json_response({"data": [{"id": "fake-model"}]})
 
+    async def tokenizer(self, request: web.Request) -> web.Response:
+        """The default model's tokenizer, as phloem's ``GET /tokenizer`` exports it."""
+        from phloem.runtime.model_files import resolve_model
+        from phloem.runtime.tokenizer.tokenizer import load_tokenizer
+
+        return web.json_response(load_tokenizer(resolve_model(None)).to_hf_files())
+
     # -- lifecycle
     def start(self) -> None:
         app = web.Application()
@@ -112,6 +119,7 @@ class FakeServer:
         app.router.add_post("/v1/chat/completions", self.completions)
         app.router.add_get("/metrics", self.metrics)
         app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/tokenizer", self.tokenizer)
         self.runner = web.AppRunner(app)
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
         asyncio.run_coroutine_threadsafe(self._serve(), self.loop).result(10)
@@ -257,7 +265,13 @@ def test_cli_serving_writes_jsonl_and_plots(server, tmp_path):
 
 def test_cli_serving_exit_code_on_failure(server):
     argv = ["serving", "--base-url", server.url + "/nope", "--num-prompts", "1", "--warmup-requests", "0"]
-    assert cli.main([*argv, "--disable-tqdm"]) == 1
+    assert cli.main([*argv, "--disable-tqdm", "--tokenizer", "default"]) == 1
+
+
+def test_cli_serving_exit_code_when_the_tokenizer_cannot_be_fetched(server, capsys):
+    argv = ["serving", "--base-url", server.url + "/nope", "--num-prompts", "1", "--warmup-requests", "0"]
+    assert cli.main([*argv, "--disable-tqdm"]) == 2
+    assert f"GET {server.url}/nope/tokenizer answered HTTP 404" in capsys.readouterr().err
 
 
 def test_parse_prometheus_and_percentile():

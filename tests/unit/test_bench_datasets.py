@@ -8,6 +8,8 @@ import pytest
 from phloem.bench.datasets import (
     AGENT_SYSTEM,
     DATASETS,
+    SHORTEST_DATE,
+    SHORTEST_RECORD,
     DatasetOptions,
     History,
     TextMaker,
@@ -43,8 +45,6 @@ SMALL = DatasetOptions(
     task_len=10,
     tool_result_len=15,
     agent_output_len=6,
-    json_input_len=30,
-    json_output_len=50,
 )
 
 
@@ -127,11 +127,45 @@ def test_agent_sessions_share_system_prompt(tok):
     assert sessions[0].turns[1].content.startswith("Observation from ")
 
 
-def test_json_schema_turns_carry_schema_and_no_ignore_eos(tok):
-    sessions = build_dataset("json-schema", tok, SMALL)
-    assert all(s.turns[0].json_schema for s in sessions)
-    req = prepare(sessions[0], 0, History.start(sessions[0]), tok, ignore_eos=True)
-    assert req.json_schema is not None and req.ignore_eos is False and req.messages is None
+@pytest.mark.parametrize("ratio", [1.0, 0.5])
+@pytest.mark.parametrize("name", ["json-schema", "regex"])
+def test_constrained_datasets_have_random_lengths(tok, name, ratio):
+    """Same seed and flags: each prompt has the token count of ``random``'s, and asks for the same
+    output length, so output tok/s of the three compare."""
+    opt = dataclasses.replace(SMALL, random_input_len=64, random_output_len=90, random_range_ratio=ratio)
+    plain, constrained = build_dataset("random", tok, opt), build_dataset(name, tok, opt)
+    assert len(constrained) == opt.num_prompts
+    for p, c in zip(plain, constrained):
+        (pt,), (ct,) = p.turns, c.turns
+        assert len(tok.encode(ct.content)) == len(tok.encode(pt.content))
+        assert ct.output_len == pt.output_len and ct.constrained and not pt.constrained
+        assert (ct.json_schema is not None) == (name == "json-schema") and (ct.regex is not None) == (
+            name == "regex"
+        )
+    assert len({len(tok.encode(s.turns[0].content)) for s in constrained}) > (1 if ratio < 1 else 0)
+
+
+def test_constrained_grammars_cannot_finish_within_the_output_length(tok):
+    """The shortest document each grammar accepts has more tokens than the turn may produce, so
+    every reply runs to its length (and the turns are sent with ignore_eos, like random's)."""
+    opt = dataclasses.replace(SMALL, random_output_len=200)
+    (js, *_), (rx, *_) = build_dataset("json-schema", tok, opt), build_dataset("regex", tok, opt)
+    turn = js.turns[0]
+    assert turn.json_schema is not None
+    shortest = "[" + ",".join([SHORTEST_RECORD] * turn.json_schema["minItems"]) + "]"
+    assert len(tok.encode(shortest)) > 2 * turn.output_len
+    assert rx.turns[0].regex is not None
+    count = int(rx.turns[0].regex.split("{")[1].split(",")[0])
+    assert len(tok.encode(SHORTEST_DATE * (count + 1))) > 2 * rx.turns[0].output_len
+    for session in (js, rx):
+        req = prepare(session, 0, History.start(session), tok, ignore_eos=True)
+        assert req.ignore_eos is True and req.messages is None
+        assert (req.json_schema, req.regex) == (session.turns[0].json_schema, session.turns[0].regex)
+
+
+def test_constrained_prompt_shorter_than_its_instruction_is_refused(tok):
+    with pytest.raises(ValueError, match="--random-input-len must exceed the instruction"):
+        build_dataset("json-schema", tok, dataclasses.replace(SMALL, random_input_len=5))
 
 
 def test_warmup_prompts_differ_from_datasets(tok):
