@@ -19,6 +19,7 @@ from outlines_core.json_schema import build_regex_from_schema
 
 from .automaton import TokenAutomaton, build_automaton
 from .base import GrammarBackend, GrammarKind, GrammarMatcher, GrammarSpec, fill_stop_only
+from .regular import ascii_shorthands
 
 _TERMINATED = -1  # pseudo-state pushed when a stop token is accepted
 _MAX_JUMP_STEPS = 256
@@ -188,10 +189,12 @@ class OutlinesBackend(GrammarBackend):
         )
 
     def _regex(self, spec: GrammarSpec) -> str:
+        """The regex to index; ``\\d``, ``\\w`` and ``\\s`` keep their ASCII meaning (as in the
+        other backends and JSON Schema), which outlines-core would widen to Unicode."""
         if spec.kind is GrammarKind.REGEX:
-            return spec.text
+            return ascii_shorthands(spec.text)
         text = spec.text if spec.kind is GrammarKind.JSON_SCHEMA else '{"type": "object"}'
-        return build_regex_from_schema(text, self._whitespace, self._max_depth)
+        return ascii_shorthands(build_regex_from_schema(text, self._whitespace, self._max_depth))
 
     def _new_matcher(self, handle: _OutlinesGrammar) -> OutlinesMatcher:
         return OutlinesMatcher(handle, [handle.index.get_initial_state()])

@@ -114,3 +114,50 @@ def _refs(node: Any) -> set[str | None]:
                 else:
                     stack.append(value)
     return found
+
+
+# ASCII meanings of the shorthand classes, as xgrammar and JSON Schema (ECMA-262) read them;
+# outlines-core's regex engine would otherwise take \d as any Unicode decimal digit.
+_ASCII_CLASSES = {"d": "0-9", "w": "0-9A-Za-z_", "s": " \\t\\n\\r\\f\\v"}
+
+
+def ascii_shorthands(pattern: str) -> str:
+    """``pattern`` with ``\\d``, ``\\w`` and ``\\s`` spelled as their ASCII classes (``\\D``, ``\\W``,
+    ``\\S`` as the complements), inside and outside brackets; every other escape is kept."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        ch = pattern[i]
+        if ch == "\\" and i + 1 < len(pattern):
+            nxt = pattern[i + 1]
+            spelled = _ASCII_CLASSES.get(nxt.lower())
+            if spelled is None:
+                out.append(pattern[i : i + 2])
+            elif in_class and nxt.islower():
+                out.append(spelled)
+            elif nxt.islower():
+                out.append(f"[{spelled}]")
+            elif not in_class:
+                out.append(f"[^{spelled}]")
+            else:  # a negated shorthand inside brackets has no bracket spelling: keep it
+                out.append(pattern[i : i + 2])
+            i += 2
+            continue
+        if ch == "[" and not in_class:
+            in_class = True
+            out.append(ch)
+            if pattern[i + 1 : i + 2] == "^":
+                out.append("^")
+                i += 1
+            if pattern[i + 1 : i + 2] == "]":  # a literal ] first in the class
+                out.append("]")
+                i += 1
+        elif ch == "]" and in_class:
+            in_class = False
+            out.append(ch)
+        else:
+            out.append(ch)
+        i += 1
+    return "".join(out)
+

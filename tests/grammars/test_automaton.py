@@ -172,3 +172,29 @@ def test_every_schema_the_conversion_weakens_stays_on_the_host():
         assert backend_name == "outlines"
         assert not runs_on_device(GrammarSpec("json_schema", json.dumps(SCHEMAS[schema_name]))), schema_name
     assert sum(runs_on_device(GrammarSpec("json_schema", json.dumps(s))) for s in SCHEMAS.values()) >= 5
+
+
+@pytest.mark.parametrize(
+    ("pattern", "ascii"),
+    [
+        (r"(19|20)\d\d", "(19|20)[0-9][0-9]"),
+        (r"[\d\s]+", "[0-9 \\t\\n\\r\\f\\v]+"),
+        (r"\D\W", "[^0-9][^0-9A-Za-z_]"),
+        (r"[^\d]", "[^0-9]"),
+        (r"\\d\.", r"\\d\."),  # an escaped backslash, then a literal d
+        (r"[]\w]", "[]0-9A-Za-z_]"),
+    ],
+)
+def test_shorthand_classes_are_spelled_ascii(pattern, ascii):
+    from phloem.grammars.regular import ascii_shorthands
+
+    assert ascii_shorthands(pattern) == ascii
+
+
+def test_a_digit_means_an_ascii_digit_on_the_device(backend, tokenizer):
+    """outlines-core alone would let ``\\d`` take any Unicode decimal digit (U+1D7E5 and the like);
+    the device automaton allows only 0-9, as the other backends do."""
+    auto = backend.compile(GrammarSpec("regex", r"\d{4}")).handle.automaton
+    allowed = _allowed(auto.masks[auto.initial])
+    texts = tokenizer.convert_ids_to_tokens([int(t) for t in allowed if t < len(tokenizer)])
+    assert texts and all(all(c in "0123456789" for c in t) for t in texts), texts[:10]
