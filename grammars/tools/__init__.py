@@ -1,18 +1,16 @@
-"""Tool-call formats: structural tags that force calls, and (streaming) call parsers."""
+"""Tool-call formats: structural tags that force calls, (streaming) call parsers, tool prompts."""
 
 from __future__ import annotations
 
+from .calls import ToolCall, ToolCallDelta, merge_deltas, parse_call_payload
 from .formats import (
     TOOL_CALL_FORMATS,
-    StreamingToolParser,
-    ToolCall,
-    ToolCallDelta,
     ToolCallFormat,
     get_tool_call_format,
-    merge_deltas,
     parse_tool_calls,
     structural_tag_for,
 )
+from .streaming import StreamingToolParser
 
 __all__ = [
     "TOOL_CALL_FORMATS",
@@ -22,6 +20,7 @@ __all__ = [
     "ToolCallFormat",
     "get_tool_call_format",
     "merge_deltas",
+    "parse_call_payload",
     "parse_tool_calls",
     "structural_tag_for",
 ]

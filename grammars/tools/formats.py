@@ -1,17 +1,18 @@
-"""Tool-call formats per model family: the structural tag that forces a call, and the parsers.
+"""Tool-call formats per model family: how calls are written, forced, parsed and described.
 
-Families:
+Families (the name is what ``tool_call_format`` / ``tool_call_parser`` take):
 
-- ``qwen``: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks (Qwen2/2.5/3,
-  Hermes-style templates).
-- ``smollm2``: ``<tool_call>[{"name": ..., "arguments": {...}}]</tool_call>`` (a list or one object
-  inside the tags, as in SmolLM2's tool-use prompt; the GGUF's own chat template has no tool
-  section, so the prompt side is left to the chat-template layer).
-- ``llama3``: a bare JSON object ``{"name": ..., "parameters": {...}}`` (several separated by ``;``).
+- ``qwen``: ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`` blocks, one per call
+  (Qwen2/2.5/3 and Hermes-style templates).
+- ``smollm2``: one ``<tool_call>[{"name": ..., "arguments": {...}}, ...]</tool_call>`` block holding
+  a list of calls (SmolLM2's tool-use prompt; a single object inside the tags is read too).
+- ``llama3``: a response that is a bare JSON object ``{"name": ..., "parameters": {...}}``
+  (optionally after ``<|python_tag|>``; several separated by ``;``), as Llama 3.1+ templates ask.
+- ``mistral``: ``[TOOL_CALLS]`` followed by a JSON list of ``{"name", "arguments"}`` objects.
 
-Parsing is one state machine, :class:`StreamingToolParser`; :meth:`ToolCallFormat.parse` runs it
-over the whole text, so streamed and non-streamed results agree for any chunking. Text outside
-calls is returned unchanged (not stripped). A block whose JSON does not parse stays normal text.
+Each format gives the structural tag that forces a call (the grammar path compiles it), a streaming
+parser (:mod:`.streaming`), the text that renders calls (for chat histories whose template has no
+tool support) and a system prompt describing the tools in that format.
 """
 
 from __future__ import annotations
@@ -19,43 +20,38 @@ from __future__ import annotations
 import abc
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..base import GrammarKind, GrammarSpec
+from .calls import ToolCall, merge_deltas
+from .streaming import BareJsonStreamingParser, MarkedStreamingParser, StreamingToolParser
 
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed call; ``arguments`` is JSON text (as the OpenAI API carries it)."""
-
-    index: int
-    name: str
-    arguments: str
-
-
-@dataclass(frozen=True)
-class ToolCallDelta:
-    """A streamed piece of call ``index``: ``name`` on its first delta, then argument text."""
-
-    index: int
-    name: str | None
-    arguments: str
+Call = tuple[str, Mapping[str, Any]]
 
 
 class ToolCallFormat(abc.ABC):
     """How one model family writes tool calls."""
 
     name: ClassVar[str]
-    separator: ClassVar[str] = "\n"
-
-    @abc.abstractmethod
-    def call_tag(self, name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
-        """The structural-tag ``tag`` node for one call of function ``name``."""
+    arguments_key: ClassVar[str] = "arguments"
 
     @abc.abstractmethod
     def streaming_parser(self) -> StreamingToolParser:
         """A fresh streaming parser for one response."""
+
+    @abc.abstractmethod
+    def render(self, calls: Sequence[Call]) -> str:
+        """The text a model of this family writes for ``calls`` (name, arguments)."""
+
+    @abc.abstractmethod
+    def forced(self, tags: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
+        """The structural-tag format node for one or more of the call ``tags`` (one when not parallel)."""
+
+    def call_tag(self, name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
+        """The ``tag`` node of one call of ``name``: its JSON object, arguments per its schema."""
+        begin = f'{{"name": {json.dumps(name)}, "{self.arguments_key}": '
+        content = {"type": "json_schema", "json_schema": dict(parameters)}
+        return {"type": "tag", "begin": begin, "content": content, "end": "}"}
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """Split a full response into normal text and tool calls."""
@@ -69,80 +65,134 @@ class ToolCallFormat(abc.ABC):
     ) -> dict[str, Any] | None:
         """The structural tag forcing a call when ``tool_choice`` demands one, else None.
 
-        With ``parallel`` false, ``"required"`` allows exactly one call.
+        ``"required"`` forces one or more calls of any tool (exactly one when not ``parallel``);
+        a named function forces exactly one call of it. Arguments follow each tool's schema.
         """
         functions = {f["name"]: f.get("parameters") or {"type": "object"} for f in map(_function, tools)}
-        if tool_choice in (None, "auto", "none") or not functions:
-            if tool_choice == "required":
-                raise ValueError('tool_choice "required" needs at least one tool')
+        if tool_choice == "required" and not functions:
+            raise ValueError('"required" needs at least one tool')
+        if tool_choice in (None, "auto", "none"):
             return None
         if tool_choice == "required":
             tags = [self.call_tag(n, p) for n, p in functions.items()]
-            fmt = {
-                "type": "tags_with_separator",
-                "tags": tags,
-                "separator": self.separator,
-                "at_least_one": True,
-                "stop_after_first": not parallel,
-            }
-            return {"type": "structural_tag", "format": fmt}
+            return {"type": "structural_tag", "format": self.forced(tags, parallel=parallel)}
         name = _chosen_name(tool_choice)
         if name not in functions:
-            raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
-        return {"type": "structural_tag", "format": self.call_tag(name, functions[name])}
+            raise ValueError(f"names {name!r}, which is not among the tools")
+        tag = self.call_tag(name, functions[name])
+        return {"type": "structural_tag", "format": self.forced([tag], parallel=False)}
+
+    def tools_prompt(self, tools: Sequence[Mapping[str, Any]]) -> str:
+        """A system-prompt section listing ``tools`` and showing how to call them in this format."""
+        listed = "\n".join(json.dumps(_function(t), ensure_ascii=False) for t in tools)
+        example = self.render([("function_name", {"argument": "value"})])
+        return (
+            "You may call functions to answer. The functions, as JSON, inside <tools></tools>:\n"
+            f"<tools>\n{listed}\n</tools>\n"
+            f"To call functions, reply with only the calls, written like this:\n{example}\n"
+            "Otherwise reply normally."
+        )
 
 
-class TaggedToolCallFormat(ToolCallFormat):
-    """Calls as JSON inside ``<tool_call>`` ... ``</tool_call>``."""
+def _separated(tags: list[dict[str, Any]], separator: str, *, parallel: bool) -> dict[str, Any]:
+    return {
+        "type": "tags_with_separator",
+        "tags": tags,
+        "separator": separator,
+        "at_least_one": True,
+        "stop_after_first": not parallel,
+    }
 
-    start_marker: ClassVar[str] = "<tool_call>"
-    end_marker: ClassVar[str] = "</tool_call>"
-    begin: ClassVar[str]
-    end: ClassVar[str]
 
-    def call_tag(self, name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
-        begin = f'{self.begin}{{"name": {json.dumps(name)}, "arguments": '
-        content = {"type": "json_schema", "json_schema": dict(parameters)}
-        return {"type": "tag", "begin": begin, "content": content, "end": "}" + self.end}
+def _wrapped(begin: str, inner: dict[str, Any], end: str) -> dict[str, Any]:
+    elements = [{"type": "const_string", "value": begin}, inner, {"type": "const_string", "value": end}]
+    return {"type": "sequence", "elements": elements}
+
+
+def _call_json(name: str, arguments: Mapping[str, Any], key: str = "arguments") -> str:
+    return json.dumps({"name": name, key: dict(arguments)}, ensure_ascii=False)
+
+
+class QwenToolCallFormat(ToolCallFormat):
+    """One ``<tool_call>`` block per call, blocks separated by a newline."""
+
+    name = "qwen"
 
     def streaming_parser(self) -> StreamingToolParser:
-        return TaggedStreamingParser(self.start_marker, self.end_marker)
+        return MarkedStreamingParser("<tool_call>", "</tool_call>")
+
+    def render(self, calls: Sequence[Call]) -> str:
+        return "\n".join(f"<tool_call>\n{_call_json(n, a)}\n</tool_call>" for n, a in calls)
+
+    def forced(self, tags: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
+        blocks = [dict(t, begin="<tool_call>\n" + t["begin"], end=t["end"] + "\n</tool_call>") for t in tags]
+        return _separated(blocks, "\n", parallel=parallel)
 
 
-class QwenToolCallFormat(TaggedToolCallFormat):
-    name = "qwen"
-    begin = "<tool_call>\n"
-    end = "\n</tool_call>"
+class SmolLM2ToolCallFormat(ToolCallFormat):
+    """All calls as one JSON list inside a single ``<tool_call>`` block.
 
+    The forced grammar keeps that shape: after a call the model chooses between ``,`` (another call)
+    and ``]`` (done). Separate blocks one after another are a shape this family was not trained on;
+    forced that way, a small model repeats the same block until ``max_tokens``.
+    """
 
-class SmolLM2ToolCallFormat(TaggedToolCallFormat):
     name = "smollm2"
-    begin = "<tool_call>"
-    end = "</tool_call>"
+
+    def streaming_parser(self) -> StreamingToolParser:
+        return MarkedStreamingParser("<tool_call>", "</tool_call>")
+
+    def render(self, calls: Sequence[Call]) -> str:
+        return "<tool_call>[" + ", ".join(_call_json(n, a) for n, a in calls) + "]</tool_call>"
+
+    def forced(self, tags: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
+        return _wrapped("<tool_call>[", _separated(tags, ", ", parallel=parallel), "]</tool_call>")
+
+
+class MistralToolCallFormat(ToolCallFormat):
+    """``[TOOL_CALLS]`` then a JSON list of calls; the list's closing bracket ends the calls."""
+
+    name = "mistral"
+
+    def streaming_parser(self) -> StreamingToolParser:
+        return MarkedStreamingParser("[TOOL_CALLS]", None)
+
+    def render(self, calls: Sequence[Call]) -> str:
+        return "[TOOL_CALLS] [" + ", ".join(_call_json(n, a) for n, a in calls) + "]"
+
+    def forced(self, tags: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
+        return _wrapped("[TOOL_CALLS] [", _separated(tags, ", ", parallel=parallel), "]")
 
 
 class Llama3ToolCallFormat(ToolCallFormat):
     """A response that starts with ``{`` is a call (or several separated by ``;``)."""
 
     name = "llama3"
-    separator = "; "
-
-    def call_tag(self, name: str, parameters: Mapping[str, Any]) -> dict[str, Any]:
-        begin = f'{{"name": {json.dumps(name)}, "parameters": '
-        content = {"type": "json_schema", "json_schema": dict(parameters)}
-        return {"type": "tag", "begin": begin, "content": content, "end": "}"}
+    arguments_key = "parameters"
 
     def streaming_parser(self) -> StreamingToolParser:
         return BareJsonStreamingParser()
 
+    def render(self, calls: Sequence[Call]) -> str:
+        return "; ".join(_call_json(n, a, "parameters") for n, a in calls)
+
+    def forced(self, tags: list[dict[str, Any]], *, parallel: bool) -> dict[str, Any]:
+        return _separated(tags, "; ", parallel=parallel)
+
 
 TOOL_CALL_FORMATS: dict[str, ToolCallFormat] = {
-    fmt.name: fmt for fmt in (QwenToolCallFormat(), SmolLM2ToolCallFormat(), Llama3ToolCallFormat())
+    fmt.name: fmt
+    for fmt in (
+        QwenToolCallFormat(),
+        SmolLM2ToolCallFormat(),
+        Llama3ToolCallFormat(),
+        MistralToolCallFormat(),
+    )
 }
 
 
 def get_tool_call_format(name: str) -> ToolCallFormat:
-    """The format registered as ``name`` (``qwen``, ``smollm2``, ``llama3``)."""
+    """The format registered as ``name`` (``qwen``, ``smollm2``, ``llama3``, ``mistral``)."""
     if name not in TOOL_CALL_FORMATS:
         raise ValueError(f"unknown tool-call format {name!r}; choose one of {', '.join(TOOL_CALL_FORMATS)}")
     return TOOL_CALL_FORMATS[name]
@@ -177,165 +227,6 @@ def parse_tool_calls(text: str, *, format: str = "qwen") -> tuple[str, list[Tool
     return get_tool_call_format(format).parse(text)
 
 
-def merge_deltas(deltas: Sequence[ToolCallDelta]) -> list[ToolCall]:
-    """Assemble streamed deltas into whole calls, in index order."""
-    names: dict[int, str] = {}
-    arguments: dict[int, list[str]] = {}
-    for delta in deltas:
-        if delta.name is not None:
-            names[delta.index] = delta.name
-        arguments.setdefault(delta.index, []).append(delta.arguments)
-    return [ToolCall(i, names[i], "".join(arguments[i])) for i in sorted(names)]
-
-
-class StreamingToolParser(abc.ABC):
-    """Turns streamed text into ``(text_delta, call_deltas)`` pairs.
-
-    Text that might still become part of a call is held back until it is decided; :meth:`finish`
-    releases everything held.
-    """
-
-    def __init__(self) -> None:
-        self._next_index = 0
-
-    @abc.abstractmethod
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        """Consume new text; returns the normal text and call pieces it settles."""
-
-    @abc.abstractmethod
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        """End of the response: settle everything still held."""
-
-    def _calls(self, payload: str) -> list[ToolCallDelta] | None:
-        """Deltas for the call(s) in a JSON payload, or None when it is not a call."""
-        calls = parse_call_payload(payload)
-        if calls is None:
-            return None
-        deltas = []
-        for name, arguments in calls:
-            deltas.append(ToolCallDelta(self._next_index, name, arguments))
-            self._next_index += 1
-        return deltas
-
-
-class TaggedStreamingParser(StreamingToolParser):
-    """State machine over ``start`` ... ``end`` blocks."""
-
-    def __init__(self, start: str, end: str) -> None:
-        super().__init__()
-        self._start, self._end = start, end
-        self._buffer = ""
-        self._in_call = False
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        self._buffer += delta
-        text: list[str] = []
-        calls: list[ToolCallDelta] = []
-        while self._step(text, calls):
-            pass
-        return "".join(text), calls
-
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        text, calls = self.feed("")
-        rest, self._buffer = self._buffer, ""
-        if self._in_call:
-            self._in_call = False
-            parsed = self._calls(rest)
-            if parsed is not None:
-                return text, calls + parsed
-            rest = self._start + rest
-        return text + rest, calls
-
-    def _step(self, text: list[str], calls: list[ToolCallDelta]) -> bool:
-        """Settle one piece of the buffer; False when the rest must wait for more text."""
-        if not self._in_call:
-            at = self._buffer.find(self._start)
-            if at < 0:
-                keep = _partial_suffix(self._buffer, self._start)
-                text.append(self._buffer[: len(self._buffer) - keep])
-                self._buffer = self._buffer[len(self._buffer) - keep :]
-                return False
-            text.append(self._buffer[:at])
-            self._buffer = self._buffer[at + len(self._start) :]
-            self._in_call = True
-            return True
-        at = self._buffer.find(self._end)
-        if at < 0:
-            return False
-        payload = self._buffer[:at]
-        self._buffer = self._buffer[at + len(self._end) :]
-        self._in_call = False
-        parsed = self._calls(payload)
-        if parsed is None:
-            text.append(self._start + payload + self._end)
-        else:
-            calls.extend(parsed)
-        return True
-
-
-class BareJsonStreamingParser(StreamingToolParser):
-    """A response whose first non-space character is ``{`` is held and parsed as calls at the end."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._buffer = ""
-        self._mode = "undecided"  # then "text" or "json"
-
-    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        if self._mode == "text":
-            return delta, []
-        self._buffer += delta
-        stripped = self._buffer.lstrip()
-        if self._mode == "undecided" and stripped:
-            self._mode = "json" if stripped.startswith("{") else "text"
-        if self._mode == "text":
-            text, self._buffer = self._buffer, ""
-            return text, []
-        return "", []
-
-    def finish(self) -> tuple[str, list[ToolCallDelta]]:
-        held, self._buffer = self._buffer, ""
-        if self._mode == "json":
-            parsed = self._calls(held)
-            if parsed is not None:
-                return held[: len(held) - len(held.lstrip())], parsed
-        return held, []
-
-
-def parse_call_payload(payload: str) -> list[tuple[str, str]] | None:
-    """``(name, arguments JSON)`` pairs from a call payload: an object, a list, or ``;``-separated."""
-    try:
-        value = json.loads(payload)
-    except ValueError:
-        value = _semicolon_separated(payload)
-    items = value if isinstance(value, list) else [value]
-    calls = [_one_call(item) for item in items]
-    if not calls or any(c is None for c in calls):
-        return None
-    return calls  # type: ignore[return-value]
-
-
-def _semicolon_separated(payload: str) -> list[Any] | None:
-    try:
-        return [json.loads(part) for part in payload.split(";") if part.strip()]
-    except ValueError:
-        return None
-
-
-def _one_call(item: Any) -> tuple[str, str] | None:
-    if not isinstance(item, dict) or not isinstance(item.get("name"), str):
-        return None
-    arguments = item.get("arguments", item.get("parameters", {}))
-    if isinstance(arguments, str):
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return item["name"], json.dumps(arguments, ensure_ascii=False)
-
-
 def _function(tool: Mapping[str, Any]) -> Mapping[str, Any]:
     """The function description inside an OpenAI tool (or the tool itself when bare)."""
     function = tool.get("function", tool)
@@ -349,14 +240,4 @@ def _chosen_name(tool_choice: Any) -> str:
         function = tool_choice.get("function", tool_choice)
         if isinstance(function, Mapping) and isinstance(function.get("name"), str):
             return function["name"]
-    raise ValueError(
-        f'tool_choice must be "auto", "none", "required" or name a function, got {tool_choice!r}'
-    )
-
-
-def _partial_suffix(text: str, marker: str) -> int:
-    """Length of the longest suffix of ``text`` that is a proper prefix of ``marker``."""
-    for size in range(min(len(text), len(marker) - 1), 0, -1):
-        if marker.startswith(text[-size:]):
-            return size
-    return 0
+    raise ValueError(f'must be "auto", "none", "required" or name a function, got {tool_choice!r}')

@@ -48,7 +48,12 @@ from phloem.runtime.server.request_runner import (
     raise_if_aborted,
     token_texter,
 )
-from phloem.runtime.server.tool_calls import StreamingToolCalls, ToolCallParser, load_parser
+from phloem.runtime.server.tool_calls import (
+    StreamingToolCalls,
+    ToolCallParser,
+    load_parser,
+    template_renders_tools,
+)
 from phloem.runtime.tokenizer.request import GenerateRequest
 
 router = APIRouter()
@@ -483,35 +488,43 @@ def template_messages(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
 
 @dataclass
 class _ChatTools:
-    """Tools for the template, the parser (None: calls are not parsed), a forcing constraint."""
+    """Tools for the template, the parser (None: calls are not parsed), a forcing constraint, and
+    the format that writes tools and earlier calls into templates without tool support."""
 
     tools: list[dict[str, Any]] | None = None
     parser: ToolCallParser | None = None
     structural_tag: str | None = None
+    writer: ToolCallParser | None = None
 
 
 def _chat_tools(body: ChatCompletionRequest, tm: Any) -> _ChatTools:
-    if not body.tools:
-        return _ChatTools()
-    tools = [t.model_dump(exclude_none=True) for t in body.tools]
     choice = body.tool_choice
-    if choice == "none":
-        return _ChatTools(tools)
+    if not body.tools:
+        if choice == "required" or isinstance(choice, NamedToolChoice):
+            raise ApiError(400, "tool_choice: forcing a call needs tools", param="tool_choice")
+        has_calls = any(m.tool_calls for m in body.messages)
+        return _ChatTools(writer=load_parser(tm.model_info) if has_calls else None)
+    tools = [t.model_dump(exclude_none=True) for t in body.tools]
     parser = load_parser(tm.model_info)
     if parser is None:
         raise ApiError(400, "tools: tools are not supported by this server", param="tools")
+    if choice == "none":
+        return _ChatTools(tools, writer=parser)
     wire_choice = choice.model_dump() if isinstance(choice, NamedToolChoice) else choice
     try:
         tag = parser.constraint(tools, wire_choice, parallel=body.parallel_tool_calls is not False)
     except ValueError as exc:
         raise ApiError(400, f"tool_choice: {exc}", param="tool_choice") from None
-    return _ChatTools(tools, parser, tag)
+    return _ChatTools(tools, parser, tag, writer=parser)
 
 
-def _render_chat(tm: Any, body: ChatCompletionRequest, tools: list[dict[str, Any]] | None) -> list[int]:
+def _render_chat(tm: Any, body: ChatCompletionRequest, tools: _ChatTools) -> list[int]:
     messages = template_messages(body.messages)
+    if tools.writer is not None and not template_renders_tools(tm.tokenizer.chat_template):
+        # With tool_choice "none" the tools are not described: the model is not to call them.
+        messages = tools.writer.prompt_messages(messages, tools.tools if tools.parser else None)
     try:
-        prompt = tm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
+        prompt = tm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools.tools)
     except ApiError:
         raise
     except Exception as exc:
@@ -585,7 +598,7 @@ async def chat_completions(request: Request) -> Response:
     tools = _chat_tools(body, tm)
     parser = tools.parser
     rid = _response_id("chatcmpl")
-    reqs = _chat_requests(body, _render_chat(tm, body, tools.tools), tm, rid, tools.structural_tag)
+    reqs = _chat_requests(body, _render_chat(tm, body, tools), tm, rid, tools.structural_tag)
     run = RequestRun(tm, reqs, request)
     ctx = _Ctx(rid, int(time.time()), served_model_name(tm), body.n, token_texter(tm.tokenizer))
     if body.stream:

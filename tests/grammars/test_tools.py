@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import random
 
+import jsonschema
 import pytest
 from phloem.grammars import GrammarError
 from phloem.grammars.tools import (
@@ -30,69 +31,151 @@ WEATHER = {
     },
 }
 TIME = {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}
+SCHEMAS = {"get_weather": WEATHER["function"]["parameters"], "get_time": TIME["parameters"]}
 
-SAMPLES = {
-    "qwen": [
-        'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
-        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "b", "arguments": {"x": [1]}}\n</tool_call>',
+# (format, response text) -> (normal text, [(name, arguments)]). Markup never reaches the text: a
+# block that is not a call, or a call cut short, is dropped; so is whitespace that only separates
+# calls from each other or from the ends of the response.
+CASES = {
+    ("qwen", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'): (
+        "Sure.",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    (
+        "qwen",
+        '<tool_call>\n{"name": "a", "arguments": {}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "b", "arguments": {"x": [1]}}\n</tool_call>',
+    ): ("", [("a", {}), ("b", {"x": [1]})]),
+    ("qwen", "no calls here, just <tool text and < signs"): (
         "no calls here, just <tool text and < signs",
-        "<tool_call>not json</tool_call> then text",
-        'unterminated <tool_call>\n{"name": "f", "arguments": {"k": "v"}}',
-        "unterminated garbage <tool_call> {",
-    ],
-    "smollm2": [
+        [],
+    ),
+    ("qwen", "  leading and trailing space  "): ("  leading and trailing space  ", []),
+    ("qwen", "<tool_call>not json</tool_call> then text"): ("then text", []),
+    ("qwen", 'unterminated <tool_call>\n{"name": "f", "arguments": {"k": "v"}}'): (
+        "unterminated",
+        [("f", {"k": "v"})],
+    ),
+    ("qwen", 'cut short <tool_call>{"name": "get_weather", "arguments": {"ci'): ("cut short", []),
+    ("qwen", "unterminated garbage <tool_call> {"): ("unterminated garbage", []),
+    ("qwen", 'A <tool_call>{"name": "f", "arguments": {}}</tool_call> B'): ("A  B", [("f", {})]),
+    (
+        "qwen",
+        'same twice <tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{"name": "f", "arguments": {}}</tool_call>',
+    ): (
+        "same twice",
+        [("f", {}), ("f", {})],
+    ),
+    ("qwen", '<tool_call>{"name": "f", "arguments": "{\\"q\\": 1}"}</tool_call>'): ("", [("f", {"q": 1})]),
+    ("qwen", '<tool_call>{"name": "f", "arguments": [1]}</tool_call>'): ("", []),
+    (
+        "smollm2",
         '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {}}]</tool_call>',
-        'Let me check. <tool_call>{"name": "get_time", "arguments": "{}"}</tool_call> done',
-        "plain answer",
-    ],
-    "llama3": [
-        '{"name": "get_weather", "parameters": {"city": "Rome"}}',
-        ' {"name": "a", "parameters": {}}; {"name": "b", "parameters": {"y": 2}}',
-        "The weather is {unknown}.",
-        "{not json at all",
-    ],
+    ): ("", [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
+    ("smollm2", 'Let me check. <tool_call>{"name": "get_time", "arguments": "{}"}</tool_call> done'): (
+        "Let me check.  done",
+        [("get_time", {})],
+    ),
+    ("smollm2", "plain answer"): ("plain answer", []),
+    ("smollm2", '<tool_call>[{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_t'): (
+        "",
+        [],
+    ),
+    ("smollm2", "<tool_call>[]</tool_call>"): ("", []),
+    ("smollm2", "I think <tool_cal"): ("I think <tool_cal", []),
+    ("llama3", '{"name": "get_weather", "parameters": {"city": "Rome"}}'): (
+        "",
+        [("get_weather", {"city": "Rome"})],
+    ),
+    ("llama3", ' {"name": "a", "parameters": {}}; {"name": "b", "parameters": {"y": 2}}'): (
+        "",
+        [("a", {}), ("b", {"y": 2})],
+    ),
+    ("llama3", '<|python_tag|>{"name": "a", "parameters": {"z": "\u00e9"}}'): ("", [("a", {"z": "\u00e9"})]),
+    ("llama3", "The weather is {unknown}."): ("The weather is {unknown}.", []),
+    ("llama3", "{not json at all"): ("{not json at all", []),
+    ("llama3", '{"city": "Paris"}'): ('{"city": "Paris"}', []),
+    ("llama3", '{"name": "get_weather", "parameters": {"ci'): ("", []),
+    ("llama3", "<|python_tag|>oops"): ("", []),
+    ("llama3", "<|python"): ("<|python", []),
+    ("llama3", "   "): ("   ", []),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Rome"}}]'): (
+        "",
+        [("get_weather", {"city": "Rome"})],
+    ),
+    ("mistral", '[TOOL_CALLS][{"name": "a", "arguments": {}}, {"name": "b", "arguments": {"s": "]"}}]'): (
+        "",
+        [("a", {}), ("b", {"s": "]"})],
+    ),
+    ("mistral", 'Checking. [TOOL_CALLS] [{"name": "a", "arguments": {}}] Then more.'): (
+        "Checking.  Then more.",
+        [("a", {})],
+    ),
+    ("mistral", '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"ci'): ("", []),
+    ("mistral", "[TOOL_CALLS] nope"): ("nope", []),
+    ("mistral", "just [TOOL text"): ("just [TOOL text", []),
 }
 
-EXPECTED = {
-    ("qwen", 0): ("Sure.\n", [("get_weather", {"city": "Paris"})]),
-    ("qwen", 1): ("\n", [("a", {}), ("b", {"x": [1]})]),
-    ("qwen", 3): ("<tool_call>not json</tool_call> then text", []),
-    ("qwen", 4): ("unterminated ", [("f", {"k": "v"})]),
-    ("smollm2", 0): ("", [("get_weather", {"city": "Oslo"}), ("get_time", {})]),
-    ("smollm2", 1): ("Let me check.  done", [("get_time", {})]),
-    ("llama3", 1): (" ", [("a", {}), ("b", {"y": 2})]),
-    ("llama3", 3): ("{not json at all", []),
-}
+
+def _parsed(text, fmt):
+    normal, calls = parse_tool_calls(text, format=fmt)
+    return normal, [(c.name, json.loads(c.arguments)) for c in calls], [c.index for c in calls]
 
 
-@pytest.mark.parametrize("key", sorted(EXPECTED))
+@pytest.mark.parametrize("fmt", sorted(TOOL_CALL_FORMATS))
+def test_every_format_has_cases(fmt):
+    assert sum(1 for f, _ in CASES if f == fmt) >= 5
+
+
+@pytest.mark.parametrize("key", sorted(CASES), ids=lambda k: f"{k[0]}:{k[1][:30]}")
 def test_parse_tool_calls(key):
-    fmt, i = key
-    text, calls = parse_tool_calls(SAMPLES[fmt][i], format=fmt)
-    want_text, want_calls = EXPECTED[key]
-    assert text == want_text
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == want_calls
-    assert [c.index for c in calls] == list(range(len(calls)))
+    fmt, text = key
+    normal, calls, indexes = _parsed(text, fmt)
+    assert (normal, calls) == CASES[key]
+    assert indexes == list(range(len(calls)))
 
 
-@pytest.mark.parametrize("fmt", sorted(SAMPLES))
-@pytest.mark.parametrize("seed", range(25))
-def test_streaming_agrees_with_full_parse(fmt, seed):
+def _stream(fmt, pieces):
+    parser = get_tool_call_format(fmt).streaming_parser()
+    outs = [parser.feed(p) for p in pieces] + [parser.finish()]
+    return "".join(o[0] for o in outs), merge_deltas([d for o in outs for d in o[1]])
+
+
+@pytest.mark.parametrize("key", sorted(CASES), ids=lambda k: f"{k[0]}:{k[1][:30]}")
+def test_streaming_agrees_at_every_split(key):
+    """Two pieces split at every boundary, and one character at a time."""
+    fmt, text = key
+    expected = parse_tool_calls(text, format=fmt)
+    for at in range(len(text) + 1):
+        assert _stream(fmt, [text[:at], text[at:]]) == expected, at
+    assert _stream(fmt, list(text)) == expected
+
+
+@pytest.mark.parametrize("fmt", sorted(TOOL_CALL_FORMATS))
+@pytest.mark.parametrize("seed", range(10))
+def test_streaming_agrees_with_random_chunks(fmt, seed):
     rng = random.Random(seed)
-    for text in SAMPLES[fmt]:
-        expected = parse_tool_calls(text, format=fmt)
-        parser = get_tool_call_format(fmt).streaming_parser()
-        pieces, deltas, at = [], [], 0
+    for f, text in CASES:
+        if f != fmt:
+            continue
+        pieces, at = [], 0
         while at < len(text):
             size = rng.choice([1, 1, 2, 3, 5, 8, 13])
-            out, calls = parser.feed(text[at : at + size])
-            pieces.append(out)
-            deltas += calls
+            pieces.append(text[at : at + size])
             at += size
-        out, calls = parser.finish()
-        pieces.append(out)
-        deltas += calls
-        assert ("".join(pieces), merge_deltas(deltas)) == expected
+        assert _stream(fmt, pieces) == parse_tool_calls(text, format=fmt)
+
+
+@pytest.mark.parametrize("fmt", sorted(TOOL_CALL_FORMATS))
+def test_render_parses_back(fmt):
+    calls = [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    form = get_tool_call_format(fmt)
+    normal, parsed = form.parse(form.render(calls))
+    assert normal == ""
+    assert [(c.name, json.loads(c.arguments)) for c in parsed] == calls
+    assert form.render(calls[:1]) in form.tools_prompt([WEATHER]).replace(
+        "function_name", "get_weather"
+    ).replace('{"argument": "value"}', '{"city": "Paris"}')
 
 
 def test_structural_tag_for_choices():
@@ -132,7 +215,7 @@ def test_forced_calls_parse(backends, tokenizer, backend_name, fmt, choice):
         text, calls = parse_tool_calls(tokenizer.decode(ids), format=fmt)
         assert calls and text.strip(" ;\n") == "", tokenizer.decode(ids)
         for call in calls:
-            assert call.name in ("get_weather", "get_time")
+            jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
         if isinstance(choice, dict):
             assert [c.name for c in calls] == ["get_weather"]
     assert done

@@ -251,7 +251,7 @@ def test_tool_calls_parsed(setup):
     r = oai.chat.completions.create(model="fake", messages=msgs, tools=TOOLS, max_tokens=200)
     choice = r.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert choice.message.content == "Let me check. "
+    assert choice.message.content == "Let me check."  # the space before the call separates it
     call = choice.message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
     assert call.id.startswith("call_")
@@ -269,7 +269,7 @@ def test_tool_calls_streamed(setup):
     assert calls[0].function.name == "get_weather" and calls[0].id.startswith("call_")
     arguments = "".join(tc.function.arguments or "" for tc in calls)
     assert json.loads(arguments) == {"city": "Paris"}
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Let me check. "
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Let me check."
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
