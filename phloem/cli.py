@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
+
+
+class _Parser(argparse.ArgumentParser):
+    """An argument error is one line naming the command, and where to read its options (argparse
+    would print the whole usage first: some fifty lines for ``serve``)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
 
 
 def _engine_parser(sub: argparse._SubParsersAction, name: str, help: str) -> argparse.ArgumentParser:
@@ -19,8 +28,8 @@ def _engine_parser(sub: argparse._SubParsersAction, name: str, help: str) -> arg
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="phloem", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="phloem", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     _engine_parser(sub, "serve", "start the HTTP server")
 
@@ -94,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         # these own their flags: argparse's REMAINDER refuses a remainder that starts with an option
         ns = argparse.Namespace(command=args[0], rest=args[1:])
     else:
-        ns = build_parser().parse_args(args)
+        parser = build_parser()
+        ns, unknown = parser.parse_known_args(args)
+        if unknown:  # named by the subcommand, whose options the user was writing
+            sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+            sub.choices[ns.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench, "train-eagle": cmd_train_eagle}
     try:
         return handlers[ns.command](ns)

@@ -134,6 +134,17 @@ def check_supported(args: EngineArgs) -> None:
         raise ValueError(
             f"--continuous-decode-budget-ms must be >= 0, got {args.continuous_decode_budget_ms}"
         )
+    if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
+        raise ValueError(
+            f"--mem-fraction-static is a fraction of the device's memory in (0, 1], got {args.mem_fraction_static}"
+        )
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ValueError(
+                "--device cuda: no CUDA device is visible to this torch build; use --device cpu (or auto)"
+            )
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:

@@ -179,6 +179,22 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raise ``ValueError`` naming ``--port`` when ``host:port`` cannot be bound (in use, or not an
+    address of this machine); port 0 (any free port) always passes."""
+    import socket
+
+    if port == 0:
+        return
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise ValueError(f"--port {port}: cannot listen on {host}:{port} ({exc.strerror or exc})") from None
+
+
 async def _watchdog(server: _Server, tm: Any) -> None:
     """Stop the server at once when the engine breaks (a child process died)."""
     while not server.should_exit:
@@ -229,6 +245,7 @@ async def _stop_engine(tm: Any, cleanup: Callable[[], None]) -> None:
 
 async def serve(args: EngineArgs, tm_factory: TmFactory | None = None) -> int:
     """Serve until a signal (exit code 0) or until the engine breaks (exit code 1)."""
+    check_port_free(args.host, args.port)  # before the model loads, not after
     tm, cleanup = await _start_engine(args, tm_factory)
     config = uvicorn.Config(
         create_app(tm),

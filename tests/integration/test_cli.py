@@ -23,3 +23,35 @@ def test_missing_model_path_is_a_clear_error():
     )
     assert res.returncode != 0
     assert "/nonexistent/model.gguf" in res.stderr
+
+
+def test_serve_on_a_taken_port_fails_before_loading_with_one_line():
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        res = subprocess.run(
+            [sys.executable, "-m", "phloem", "serve", "--port", str(port), "--log-level", "warning"],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    assert res.returncode == 2
+    assert f"--port {port}: cannot listen" in res.stderr
+    assert "Traceback" not in res.stderr and "model runner ready" not in res.stderr
+
+
+def test_cuda_on_a_machine_without_one_is_one_line():
+    import pytest
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the refusal cannot be seen")
+    res = subprocess.run(
+        [sys.executable, "-m", "phloem", "serve", "--device", "cuda", "--port", "0"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "phloem: error: --device cuda: no CUDA device is visible to this torch build; use --device cpu (or auto)"
+    ]
