@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime
+import importlib.util
 import sys
 import time
 from typing import Any
@@ -231,6 +232,13 @@ async def serve_bench(ns: argparse.Namespace, argv: list[str] | None) -> list[Ru
 
 
 def main(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
+    if ns.plot and importlib.util.find_spec("matplotlib") is None:  # before the run, not after it
+        print(
+            "phloem bench serving: --plot needs matplotlib (pip install 'phloem[bench]' or matplotlib)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 2
     try:
         runs = asyncio.run(serve_bench(ns, argv))
     except TokenizerSourceError as exc:

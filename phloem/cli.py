@@ -114,6 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as e:  # bad model path or option: one clear line
         print(f"phloem: error: {e}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as e:  # an install without the runtime's dependencies
+        if ns.command in ("bench",) or not e.name or e.name.startswith("phloem"):
+            raise
+        print(
+            f"phloem {ns.command}: error: the module {e.name!r} is missing; the runtime needs its extra: "
+            "pip install 'phloem[runtime]'",
+            file=sys.stderr,
+        )
+        return 2
 
 
 if __name__ == "__main__":
