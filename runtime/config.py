@@ -20,7 +20,7 @@ def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
 @dataclass(frozen=True)
 class EngineArgs:
     # --- model and loading
-    model_path: str | None = _opt(None, "GGUF file, Hugging Face directory, or empty for the default model")
+    model_path: str | None = _opt(None, "GGUF file, Hugging Face directory, a model id in the local Hugging Face cache, or empty for the default model")
     load_format: str = _opt("auto", "how to load weights", ("auto", "gguf", "safetensors", "dummy"))
     dummy_shape: str = _opt("smollm2-135m", "named shape for --load-format dummy")
     tokenizer_path: str | None = _opt(None, "tokenizer (GGUF or folder with tokenizer.json) instead of the model's")

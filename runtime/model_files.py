@@ -91,6 +91,8 @@ def resolve_model(
     if load_format not in ("auto", "gguf", "safetensors"):
         raise ValueError(f"unknown load_format {load_format!r}; expected auto, gguf, safetensors or dummy")
     path = default_model_path() if model_path is None else os.path.expanduser(model_path)
+    if not os.path.exists(path) and looks_like_hub_id(path):
+        path = cached_hub_snapshot(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"model path does not exist: {path}")
     kind = _detect_kind(path)
@@ -99,6 +101,36 @@ def resolve_model(
     if kind == "gguf" and os.path.isdir(path):
         path = _single_gguf_in(path)
     return ModelSource(kind, os.path.abspath(path))
+
+
+def looks_like_hub_id(name: str) -> bool:
+    """``org/name`` as a Hugging Face model id is written (not an absolute or relative path)."""
+    parts = name.split("/")
+    return len(parts) == 2 and all(parts) and not name.startswith((".", "~")) and "\\" not in name
+
+
+def cached_hub_snapshot(model_id: str, cache_dir: str | None = None) -> str:
+    """The folder of ``model_id`` in the local Hugging Face cache (``HF_HUB_CACHE``, or
+    ``HF_HOME/hub``, as huggingface_hub reads them); nothing is downloaded.
+
+    Raises
+    ------
+    FileNotFoundError
+        When the id is not cached: one line saying so and how to point at a local copy.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.constants import HF_HUB_CACHE
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return str(snapshot_download(model_id, cache_dir=cache_dir, local_files_only=True))
+    except (LocalEntryNotFoundError, ValueError, OSError):
+        where = cache_dir or HF_HUB_CACHE
+        raise FileNotFoundError(
+            f"{model_id}: no such file or folder, and as a Hugging Face model id it is not in the local "
+            f"cache ({where}); phloem does not download models: pass --model-path with a local GGUF "
+            "file or model folder, or set HF_HUB_CACHE / HF_HOME to a cache that holds it"
+        ) from None
 
 
 def _dummy_shape_name(model_path: str | None, dummy_shape: str) -> str:

@@ -55,3 +55,31 @@ def test_cuda_on_a_machine_without_one_is_one_line():
     assert res.stderr.strip().splitlines() == [
         "phloem: error: --device cuda: no CUDA device is visible to this torch build; use --device cpu (or auto)"
     ]
+
+
+def test_generate_with_a_model_id_from_the_local_hub_cache(tmp_path):
+    """``--model-path org/name`` on the default model, found in an ``HF_HUB_CACHE`` snapshot."""
+    import os
+
+    from tests.unit.test_hub_ids import fake_cache
+
+    fake_cache(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct")
+    res = subprocess.run(
+        [sys.executable, "-m", "phloem", "generate", "--model-path", "HuggingFaceTB/SmolLM2-135M-Instruct",
+         "--prompt", "The capital of France is", "--max-new-tokens", "8", "--temperature", "0"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_CACHE": str(tmp_path)},
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr
+    assert "Paris" in res.stdout
+
+
+def test_a_model_id_that_is_not_cached_is_one_line(tmp_path):
+    import os
+
+    res = subprocess.run(
+        [sys.executable, "-m", "phloem", "generate", "--model-path", "org/absent", "--prompt", "x"],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "HF_HUB_CACHE": str(tmp_path)},
+    )  # fmt: skip
+    assert res.returncode == 2
+    (line,) = res.stderr.strip().splitlines()
+    assert "org/absent" in line and "does not download" in line
