@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -141,6 +142,7 @@ class ModelRunner:
         kv_cache_dtype: str = "auto",
         gemm_library: str = "auto",
     ) -> None:
+        started = time.perf_counter()
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
         self.kv_dtype = _resolve_kv_dtype(kv_cache_dtype, self.dtype)
@@ -185,11 +187,12 @@ class ModelRunner:
             )
             self.cuda_graphs.capture()
         logger.info(
-            "model runner ready: dtype=%s kv_dtype=%s device=%s attention=%s max_total_num_tokens=%d "
-            "max_running_requests=%d context_len=%d deterministic=%s quantization=%s threads=%d gemm=%s",
-            self.dtype, self.kv_dtype, self.device, backend_name, self.max_total_num_tokens,
-            self.max_running_requests, self.context_len, deterministic, self.quantization,
-            torch.get_num_threads(), self.gemm_library,
+            "model runner ready in %.1f s: model=%s (%s) dtype=%s kv_dtype=%s device=%s attention=%s "
+            "max_total_num_tokens=%d max_running_requests=%d context_len=%d deterministic=%s "
+            "quantization=%s threads=%d gemm=%s",
+            time.perf_counter() - started, model_source.path, model_source.kind, self.dtype, self.kv_dtype,
+            self.device, backend_name, self.max_total_num_tokens, self.max_running_requests, self.context_len,
+            deterministic, self.quantization, torch.get_num_threads(), self.gemm_library,
         )  # fmt: skip
 
     # ---- construction -------------------------------------------------------------------------

@@ -206,11 +206,14 @@ def _server_info(args: EngineArgs, runner: Any, cfg: SchedulerConfig, hicache: A
         "hicache_host_tokens": hicache.host_pool.size if hicache is not None else 0,
         "overlap_schedule": cfg.overlap,
     }
+    kv_bytes = runner.kv_pool.bytes_per_token * runner.kv_pool.num_slots
+    # the memory probe is a CUDA figure; on the CPU the pool is sized from a token budget instead
+    mem = f"{info['available_mem_gb']:.2f} GB" if runner.device.type == "cuda" else "n/a on the CPU"
     logger.info(
-        "max_total_num_tokens=%d, chunked_prefill_size=%s, max_running_requests=%d, context_len=%d, "
-        "available_mem=%.2f GB, overlap_schedule=%s",
-        info["max_total_num_tokens"], cfg.chunked_prefill_size, cfg.max_running_requests, info["context_length"],
-        info["available_mem_gb"], cfg.overlap,
+        "max_total_num_tokens=%d (KV pool %.2f GiB), chunked_prefill_size=%s, max_running_requests=%d, "
+        "context_len=%d, available_mem=%s, overlap_schedule=%s",
+        info["max_total_num_tokens"], kv_bytes / 2**30, cfg.chunked_prefill_size, cfg.max_running_requests,
+        info["context_length"], mem, cfg.overlap,
     )  # fmt: skip
     return info
 

@@ -279,13 +279,21 @@ class TokenizerManager:
 
     async def get_server_info(self) -> dict[str, Any]:
         reply = await self._control(GetStatsReq(req_id=next(self._ctrl_ids)))
+        live = reply.data or {}
+        resolved = {k: self.model_info[k] for k in ("model_path", "tokenizer_path") if self.model_info.get(k)}
         return {
             **self.args.to_dict(),
             **self.scheduler_info,
+            **resolved,  # the files the model came from, not the (possibly empty) flag
             "status": self._status,
-            "live": reply.data,
+            "live": live,
+            # per scheduler, the figures SGLang's clients read under these names
+            "internal_states": [{
+                "avg_spec_accept_length": live.get("spec_accept_length", 0.0),
+                "last_gen_throughput": live.get("gen_throughput", 0.0),
+            }],
             "version": _version(),
-        }
+        }  # fmt: skip
 
     async def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
         reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600)

@@ -83,3 +83,18 @@ def test_a_model_id_that_is_not_cached_is_one_line(tmp_path):
     assert res.returncode == 2
     (line,) = res.stderr.strip().splitlines()
     assert "org/absent" in line and "does not download" in line
+
+
+def test_start_up_log_names_the_model_its_load_time_and_the_kv_pool_size():
+    code = (
+        "from phloem import Engine\n"
+        "if __name__ == '__main__':\n"
+        "    with Engine(log_level='info') as e:\n"
+        "        pass\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    from phloem.runtime.model_files import default_model_path
+
+    assert "model runner ready in " in res.stderr and f"model={default_model_path()} (gguf)" in res.stderr
+    assert "GiB), chunked_prefill_size" in res.stderr and "available_mem=n/a on the CPU" in res.stderr

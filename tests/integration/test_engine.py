@@ -285,3 +285,15 @@ def test_loop_trace_records_the_engines_steps(tmp_path, monkeypatch):
     assert "EXTEND" in kinds and kinds.count("DECODE") >= 7  # the first token comes from the prefill
     first = rows[kinds.index("EXTEND")].split()
     assert first[4] == "1" and all(float(x) >= 0 for x in first[5:])
+
+
+def test_server_info_names_the_model_files_and_the_internal_states(engine):
+    """``model_path`` is the file the default model came from (the flag was empty), and
+    ``internal_states`` carries the figures SGLang's clients read there."""
+    from phloem.runtime.model_files import default_model_path
+
+    info = engine.get_server_info()
+    assert info["model_path"] == default_model_path()
+    (state,) = info["internal_states"]
+    assert state["avg_spec_accept_length"] == 0.0  # no speculation
+    assert state["last_gen_throughput"] >= 0.0
