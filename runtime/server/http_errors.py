@@ -115,25 +115,33 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, _on_unexpected)
 
 
-async def _on_api_error(_: Request, exc: Exception) -> JSONResponse:
+def _refused(request: Request, err: ApiError) -> JSONResponse:
+    """The error's response, and one log line an operator can see (the client gets the same text)."""
+    logger.warning(
+        "refused %s %s: %d %s", request.method, request.url.path, err.status, str(err.message)[:300]
+    )
+    return err.response()
+
+
+async def _on_api_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, ApiError)
-    return exc.response()
+    return _refused(request, exc)
 
 
-async def _on_invalid_request(_: Request, exc: Exception) -> JSONResponse:
+async def _on_invalid_request(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, InvalidRequest)
-    return from_invalid_request(exc).response()
+    return _refused(request, from_invalid_request(exc))
 
 
-async def _on_request_validation(_: Request, exc: Exception) -> JSONResponse:
+async def _on_request_validation(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
-    return from_validation_errors(list(exc.errors())).response()
+    return _refused(request, from_validation_errors(list(exc.errors())))
 
 
-async def _on_http_exception(_: Request, exc: Exception) -> JSONResponse:
+async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     message = exc.detail if isinstance(exc.detail, str) else HTTPStatus(exc.status_code).phrase
-    return ApiError(exc.status_code, message).response()
+    return _refused(request, ApiError(exc.status_code, message))
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:

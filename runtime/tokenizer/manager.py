@@ -404,11 +404,14 @@ class TokenizerManager:
         if out.finished is not None:
             st.meta["finish_reason"] = out.finished
             st.finished = True
+            if out.finished.get("type") == "abort":
+                _log_abort(out.rid, out.finished)
             self._observe(st, now)
         st.event.set()
 
     def _finish_with_abort(self, st: ReqState, message: str, status_code: int = 503) -> None:
         st.meta["finish_reason"] = {"type": "abort", "message": message, "status_code": status_code}
+        _log_abort(st.rid, st.meta["finish_reason"])
         st.finished = True
         st.event.set()
 
@@ -473,3 +476,11 @@ def _version() -> str:
     from phloem import __version__
 
     return __version__
+
+
+def _log_abort(rid: str, reason: dict[str, Any]) -> None:
+    """One line an operator can see for every request the engine refused, aborted or failed (the
+    client sees the same message)."""
+    logger.warning(
+        "request %s ended with status %s: %s", rid, reason.get("status_code"), str(reason.get("message"))[:300]
+    )
