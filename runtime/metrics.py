@@ -8,7 +8,9 @@ never collide in the global registry. Two feeds update it:
 - the tokenizer manager calls ``observe_request`` once per finished request (latency histograms and
   the request/token counters).
 
-Every metric is named ``phloem:<name>`` and labelled with ``model_name``.
+Every metric is named ``<prefix>:<name>`` and labelled with ``model_name``; the prefix is ``phloem``,
+or ``sglang`` (``--metrics-prefix``), whose names are the same, so dashboards built for SGLang read
+them.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-PREFIX = "phloem:"
+PREFIXES = ("phloem", "sglang")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 # name -> help. Set from the scheduler's stats dict.
@@ -99,21 +101,24 @@ HISTOGRAMS: dict[str, tuple[str, tuple[float, ...]]] = {
 class ServerMetrics:
     """Prometheus metrics of one server; ``render()`` is the ``/metrics`` body."""
 
-    def __init__(self, model_name: str = "default") -> None:
+    def __init__(self, model_name: str = "default", *, prefix: str = "phloem") -> None:
+        if prefix not in PREFIXES:
+            raise ValueError(f"metrics prefix {prefix!r}: expected one of {', '.join(PREFIXES)}")
+        head = prefix + ":"
         self.registry = CollectorRegistry(auto_describe=True)
         self.model_name = model_name
         labels = ["model_name"]
         reg = self.registry
         self._gauges = {
-            n: Gauge(PREFIX + n, h, labels, registry=reg).labels(model_name)
+            n: Gauge(head + n, h, labels, registry=reg).labels(model_name)
             for n, h in SCHEDULER_GAUGES.items()
         }
         counters = {**SCHEDULER_COUNTERS, **REQUEST_COUNTERS}
         self._counters = {
-            n: Counter(PREFIX + n, h, labels, registry=reg).labels(model_name) for n, h in counters.items()
+            n: Counter(head + n, h, labels, registry=reg).labels(model_name) for n, h in counters.items()
         }
         self._histograms = {
-            n: Histogram(PREFIX + n, h, labels, buckets=b, registry=reg).labels(model_name)
+            n: Histogram(head + n, h, labels, buckets=b, registry=reg).labels(model_name)
             for n, (h, b) in HISTOGRAMS.items()
         }
         self._last_totals: dict[str, float] = {}

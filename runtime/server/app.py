@@ -44,7 +44,8 @@ def create_app(tm: Any) -> FastAPI:
     from phloem import __version__
 
     if getattr(tm, "metrics", None) is None:
-        tm.metrics = ServerMetrics(native.served_model_name(tm))
+        prefix = getattr(getattr(tm, "args", None), "metrics_prefix", "phloem")
+        tm.metrics = ServerMetrics(native.served_model_name(tm), prefix=prefix)
     app = FastAPI(title="phloem", version=__version__, redoc_url=None)
     app.state.tm = tm
     install_error_handlers(app)

@@ -81,3 +81,43 @@ def test_registries_are_private():
     a, b = ServerMetrics(), ServerMetrics()
     a.update_scheduler_stats({"num_running_reqs": 7})
     assert value(b, "phloem:num_running_reqs") == 0
+
+
+def test_the_sglang_prefix_names_every_metric_as_sglang_dashboards_read_them():
+    from phloem.runtime.config import EngineArgs
+    from phloem.runtime.server.app import create_app
+    from starlette.testclient import TestClient
+
+    from tests.unit.test_server_fake_tm import FakeTokenizerManager
+
+    tm = FakeTokenizerManager()
+    tm.args = EngineArgs(metrics_prefix="sglang")
+    client = TestClient(create_app(tm))
+    body = client.get("/metrics").text
+    names = {f.name for f in text_string_to_metric_families(body)}
+    assert {"sglang:num_running_reqs", "sglang:token_usage", "sglang:time_to_first_token_seconds",
+            "sglang:e2e_request_latency_seconds", "sglang:generation_tokens"} <= names  # fmt: skip
+    assert not any(n.startswith("phloem:") for n in names)
+
+
+def test_an_unknown_prefix_is_refused():
+    import pytest
+
+    with pytest.raises(ValueError, match="metrics prefix 'vllm'"):
+        ServerMetrics(prefix="vllm")
+
+
+def test_the_example_dashboard_reads_only_metrics_we_export():
+    """examples/grafana-dashboard.json (SGLang's names) asks only for series ``--metrics-prefix
+    sglang`` exports."""
+    import json
+    import re
+    from pathlib import Path
+
+    dash = json.loads((Path(__file__).resolve().parents[2] / "examples" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    exprs.append(dash["templating"]["list"][1]["query"])
+    used = {m for e in exprs for m in re.findall(r"sglang:([a-z0-9_]+)", e)}
+    body = ServerMetrics(prefix="sglang").render().decode()
+    series = {s.name.removeprefix("sglang:") for f in text_string_to_metric_families(body) for s in f.samples}
+    assert used and used <= series, used - series
