@@ -1,5 +1,7 @@
 """Maps the top-level folders into the ``phloem`` namespace (see docs/design.md §1)."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 ROOTS = {
@@ -17,5 +19,9 @@ packages: list[str] = []
 for name, folder in ROOTS.items():
     packages.append(name)
     packages += [f"{name}.{sub}" for sub in find_packages(folder, exclude=EXCLUDE)]
+    # data folders (weights, prompts, grammars) ship as packages of their own: setuptools only
+    # takes files that belong to a package
+    for path in sorted(Path(folder).rglob("assets")):
+        packages.append(".".join([name, *path.relative_to(folder).parts]))
 
 setup(packages=packages, package_dir=dict(ROOTS))

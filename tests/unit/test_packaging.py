@@ -36,16 +36,28 @@ SUBPACKAGES = [
 ]
 
 
+BUILD_LOG: list[str] = []
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("dist")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(ROOT)],
+    res = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", str(out), str(ROOT)],
         check=True,
         timeout=300,
+        capture_output=True,
+        text=True,
     )
+    BUILD_LOG.append(res.stdout + res.stderr)
     (whl,) = out.glob("phloem-*.whl")
     return whl
+
+
+def test_the_build_warns_of_nothing(wheel):
+    """No deprecated metadata, and every shipped data file belongs to a package."""
+    log = BUILD_LOG[0]
+    assert "deprecated" not in log and "is absent from the `packages` configuration" not in log, log[-2000:]
 
 
 def test_wheel_maps_folders_into_the_namespace(wheel):
@@ -55,6 +67,8 @@ def test_wheel_maps_folders_into_the_namespace(wheel):
         assert f"{path}/__init__.py" in names or f"{path}.py" in names, pkg
     assert not any(n.startswith(("lang/", "runtime/", "grammars/", "training/", "tests/")) for n in names)
     assert "phloem/training/assets/train_prompts.txt" in names
+    assert "phloem/grammars/assets/json_object.ebnf" in names
+    assert "phloem/runtime/speculative/assets/smollm2_135m_eagle.safetensors" in names
     assert not any("/results/" in n or "/peers/" in n for n in names)
 
 
