@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GUIDES = ["docs/structured-output.md", "docs/tool-calling.md"]
+GUIDES = ["docs/getting-started.md", "docs/structured-output.md", "docs/tool-calling.md"]
 ADDRESS = "http://127.0.0.1:30000"
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
