@@ -200,13 +200,18 @@ class AutomatonTable:
     def num_states(self) -> int:
         return 1 + sum(a.num_states for a in self._host)
 
+    @property
+    def in_use(self) -> bool:
+        """Whether any live request holds an entry (else no launch has a row on the device)."""
+        return len(self._uses) > 0
+
     def acquire(self, automaton: TokenAutomaton) -> AutomatonEntry | None:
         """The entry of ``automaton`` for a new request (registering it if needed), or None when
         it does not fit while other requests use the table."""
         offset = self._offsets.get(id(automaton))
         if offset is None:
             if self.num_states + automaton.num_states > self.max_states:
-                if len(self._uses):
+                if self.in_use:
                     return None
                 self._offsets.clear()  # nobody reads the table: start it over
                 self._host.clear()
@@ -251,10 +256,12 @@ class AutomatonLaunch:
     ``state[row]`` (the row's previous launch is still in flight). Both travel with the launch's
     sampling tensors (``SamplingInfo.automaton_rows`` / ``automaton_init``)."""
 
-    def __init__(self, table: AutomatonTable) -> None:
+    def __init__(self, table: AutomatonTable, *, has_init: bool = True) -> None:
         self.table = table
         self.snapshot = table.snapshot
-        self._started = False
+        # False when every row continues on the device (the overlap loop's steady state): the
+        # starting states then need no write at all
+        self._started = not has_init
 
     def start(self, rows: torch.Tensor, init: torch.Tensor) -> None:
         """Apply ``init`` (the first call of the launch; later calls do nothing)."""

@@ -177,7 +177,7 @@ class GrammarQueue:
         A row starts from the state its matcher is in when the host has seen all its tokens,
         from the device's state when a step of it is still in flight, and free when it is
         unconstrained or its token is thrown away (a prefill chunk)."""
-        if self.automata is None or not any(r.automaton is not None for r in reqs):
+        if self.automata is None or not self.automata.in_use or all(r.automaton is None for r in reqs):
             return None
         from phloem.grammars.automaton import FREE, AutomatonLaunch
 
@@ -190,7 +190,8 @@ class GrammarQueue:
             else:
                 init.append(req.automaton.global_state(req.grammar.automaton_state()))
         rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
-        return AutomatonLaunch(self.automata), rows, torch.tensor(init, dtype=torch.int64)
+        launch = AutomatonLaunch(self.automata, has_init=any(v != -1 for v in init))
+        return launch, rows, torch.tensor(init, dtype=torch.int64)
 
     def fill_mask(self, reqs: list[Req]) -> torch.Tensor | None:
         """Bitmask ``[B, ceil(V/32)]`` for a batch, or None when no row needs a host mask."""

@@ -181,3 +181,24 @@ def test_launch_rows_start_where_the_host_knows_the_state():
     assert init.tolist() == [reqs[0].automaton.offset + 3, -1, FREE, FREE]
     assert launch.snapshot is queue.automata.snapshot
     assert queue.automaton_rows([reqs[3]], [False]) is None  # no row on the device: no automaton work
+
+
+def test_a_launch_whose_rows_all_continue_writes_no_starting_state():
+    """In the overlap loop's steady state every row continues from the device: the launch reads
+    ``state`` as it is, and writes nothing before sampling."""
+    import torch
+
+    queue, scheduler = _device_queue(), _Scheduler()
+    reqs = [_req("a", regex="x+"), _req("b", regex="y+")]
+    for r in reqs:
+        queue.add(r)
+    queue.ready(scheduler)
+    for row, r in enumerate(reqs):
+        r.req_pool_idx, r.pending_outputs = row, 1
+    launch, rows, init = queue.automaton_rows(reqs, [False, False])
+    assert init.tolist() == [-1, -1]
+    queue.automata.state[:2] = torch.tensor([3, 4], dtype=torch.int32)
+    assert launch.current(rows, init).tolist() == [3, 4]
+    reqs[0].pending_outputs = 0  # one row known: its state is written first
+    launch, rows, init = queue.automaton_rows(reqs, [False, False])
+    assert launch.current(rows, init).tolist() == [reqs[0].automaton.offset, 4]
