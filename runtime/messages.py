@@ -42,7 +42,10 @@ class AbortReq(msgspec.Struct, tag=True, kw_only=True):
     rid: str | None = None
     abort_all: bool = False
     message: str = "aborted by request"
-    status_code: int = 400  # HTTP status the waiting client gets (503 when shutting down)
+    # None: the caller's own abort, which the waiting client gets as a normal answer whose
+    # finish_reason is {"type": "abort"} (SGLang's contract); else the HTTP error status it gets
+    # (503 when the server shuts down)
+    status_code: int | None = None
 
 
 class FlushCacheReq(msgspec.Struct, tag=True, kw_only=True):

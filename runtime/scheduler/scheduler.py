@@ -143,7 +143,12 @@ class Scheduler:
         self.waiting.append(req)
 
     def abort(
-        self, rid: str | None, *, abort_all: bool = False, message: str = "aborted", status_code: int = 400
+        self,
+        rid: str | None,
+        *,
+        abort_all: bool = False,
+        message: str = "aborted",
+        status_code: int | None = None,
     ) -> None:
         reason = FinishReason.abort(message, status_code=status_code)
         for q in (self.waiting, self.grammar.pending if self.grammar else []):

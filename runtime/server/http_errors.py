@@ -36,7 +36,15 @@ _ERROR_TYPES = {
 class ApiError(Exception):
     """An error that becomes an HTTP response with the shared error body."""
 
-    def __init__(self, status: int, message: str, *, param: str | None = None, type_: str | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        param: str | None = None,
+        type_: str | None = None,
+        finish_reason: dict[str, Any] | None = None,
+    ):
         super().__init__(message)
         self.status = status
         self.message = message
@@ -44,9 +52,13 @@ class ApiError(Exception):
         self.type = type_ or _ERROR_TYPES.get(
             status, "server_error" if status >= 500 else "invalid_request_error"
         )
+        self.finish_reason = finish_reason  # an engine request's reason, when it ended this way
 
     def body(self) -> dict[str, Any]:
-        return error_body(self.status, self.message, param=self.param, type_=self.type)
+        body = error_body(self.status, self.message, param=self.param, type_=self.type)
+        if self.finish_reason is not None:
+            body["error"]["finish_reason"] = self.finish_reason
+        return body
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)

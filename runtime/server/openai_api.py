@@ -120,10 +120,12 @@ def sampling_wire(body: _SamplingFields, max_new_tokens: int | None) -> dict[str
 
 
 def _openai_finish(out: Output) -> str | None:
+    """OpenAI's finish reason; a request the caller aborted ends with "abort", as on SGLang."""
     reason = finish_reason(out)
     if not reason:
         return None
-    return "length" if reason.get("type") == "length" else "stop"
+    kind = reason.get("type")
+    return kind if kind in ("length", "abort") else "stop"
 
 
 def _matched_stop(out: Output) -> Any:

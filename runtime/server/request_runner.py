@@ -162,27 +162,33 @@ def openai_param(field: str, names: dict[str, str]) -> str:
 
 
 def abort_error(out: Output, health: str, names: dict[str, str] | None = None) -> ApiError | None:
-    """The HTTP error for an aborted request, or None if ``out`` did not abort.
+    """The HTTP error for an aborted request, or None if ``out`` is an answer to send as it is.
 
-    The engine may say which status fits (``status_code`` in the abort reason, as SGLang does: 400
-    for a request error such as a grammar that does not compile); otherwise 503 while the server
-    shuts down or is broken, else 500. Where it also names the field at fault (``param``, a native
-    name such as ``sampling_params.regex``), the error names it, as the client's field given
-    ``names`` (the OpenAI routes' wire name -> client name, :func:`openai_param`).
+    An abort the caller asked for (``/abort_request``, ``Engine.abort``) carries no status: its
+    output is an answer like any other, whose ``finish_reason`` is ``{"type": "abort", ...}``
+    (SGLang's contract: HTTP 200, and a stream's last chunk carries that reason). An abort with a
+    status is an error: 4xx for a request the engine could not serve (a grammar that does not
+    compile), 5xx for an engine failure (503 while the server shuts down or is broken; an
+    unusable status becomes 500, or 503 in those states). The error carries the finish reason, and
+    where the engine names the field at fault (``param``, a native name such as
+    ``sampling_params.regex``) it names it too, as the client's field given ``names`` (the OpenAI
+    routes' wire name -> client name, :func:`openai_param`).
     """
     reason = finish_reason(out)
     if not reason or reason.get("type") != "abort":
         return None
-    message = str(reason.get("message") or "request aborted")
     status = reason.get("status_code")
+    if status is None:
+        return None
+    message = str(reason.get("message") or "request aborted")
     if not isinstance(status, int) or not 400 <= status < 600:
         status = 503 if health in ("shutting_down", "broken") else 500
     param = reason.get("param")
     if not isinstance(param, str) or not param:
-        return ApiError(status, message)
+        return ApiError(status, message, finish_reason=reason)
     if names is not None:
         param = openai_param(param, names)
-    return ApiError(status, f"{param}: {message}", param=param)
+    return ApiError(status, f"{param}: {message}", param=param, finish_reason=reason)
 
 
 def raise_if_aborted(outs: Sequence[Output], health: str, names: dict[str, str] | None = None) -> None:

@@ -105,6 +105,43 @@ def test_admin_routes(server):
     assert post(server, "/flush_cache", {}).status_code == 200
 
 
+def _abort_after_first_tokens(server, rid: str) -> None:
+    deadline = time.time() + 60
+    while time.time() < deadline:  # until the request is decoding
+        live = requests.get(server.url + "/get_server_info", timeout=10).json()["live"]
+        if live["num_running_reqs"] > 0:
+            break
+        time.sleep(0.05)
+    time.sleep(0.3)
+    assert post(server, "/abort_request", {"rid": rid}).json() == {"success": True}
+
+
+def test_abort_by_the_caller_answers_200_with_finish_reason_abort(server):
+    """SGLang's wire contract: the aborted request is an answer, not an error, streamed or not."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    params = {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 0}
+    with ThreadPoolExecutor(2) as pool:
+        plain = pool.submit(post, server, "/generate", {"text": "Count: 1, 2,", "rid": "ab-1", "sampling_params": params})
+        _abort_after_first_tokens(server, "ab-1")
+        r = plain.result()
+    assert r.status_code == 200, r.text
+    meta = r.json()["meta_info"]
+    assert meta["finish_reason"] == {"type": "abort", "message": "aborted by request"}
+    assert 0 < meta["completion_tokens"] < 2000 and r.json()["text"]
+
+    body = {"text": "Count: 1, 2,", "rid": "ab-2", "stream": True, "sampling_params": params}
+    with ThreadPoolExecutor(2) as pool:
+        streamed = pool.submit(post, server, "/generate", body)
+        _abort_after_first_tokens(server, "ab-2")
+        r = streamed.result()
+    assert r.status_code == 200
+    events = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    assert not any("error" in e for e in events) and r.text.rstrip().endswith("data: [DONE]")
+    assert events[-1]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted by request"}
+    assert wait_idle(server)["num_running_reqs"] == 0
+
+
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_bad_input_is_4xx_and_server_stays_healthy(server, case):
     _, path, body, status, needle = case

@@ -5,7 +5,7 @@ Tokens are character codes (``"ab" -> [97, 98]``, BOS = 1 when special tokens ar
 ``max_new_tokens``; a request whose prompt fits finishes with ``stop``, otherwise with ``length``.
 Marker words in the prompt change the behaviour:
 
-- ``ABORTME``: finishes with an abort (no status code)
+- ``ABORTME``: finishes with an abort for an engine failure (status code 503)
 - ``GRAMMARFAIL``: finishes before any token with an abort carrying ``status_code`` 400 and the
   field at fault (``param``), as the scheduler's grammar queue does
 - ``BADPROMPT``: ``tm.generate`` raises ``InvalidRequest("text", ...)``
@@ -131,8 +131,11 @@ class FakeTokenizerManager:
         for k in range(1, len(out_ids) + 1):
             await asyncio.sleep(0.05 if slow else 0)
             if self.running.get(rid) or (self.status != "serving" and self.abort_on_shutdown):
-                message = "aborted by request" if self.running.get(rid) else "server is shutting down"
-                yield self._output(req, rid, ids, out_ids[:k], {"type": "abort", "message": message})
+                if self.running.get(rid):  # the caller's abort: an answer, no status
+                    reason: dict[str, Any] = {"type": "abort", "message": "aborted by request"}
+                else:
+                    reason = {"type": "abort", "message": "server is shutting down", "status_code": 503}
+                yield self._output(req, rid, ids, out_ids[:k], reason)
                 return
             if req.stream and k < len(out_ids):
                 yield self._output(req, rid, ids, out_ids[:k], None)
@@ -193,7 +196,7 @@ def _echo(ids: list[int], max_new: int, text: str) -> list[int]:
 
 def _finish(text: str, req: GenerateRequest, ids: list[int], out_ids: list[int]) -> dict[str, Any]:
     if "ABORTME" in text:
-        return {"type": "abort", "message": "engine failure: scheduler died"}
+        return {"type": "abort", "message": "engine failure: scheduler died", "status_code": 503}
     if "GRAMMARFAIL" in text:
         return {
             "type": "abort",

@@ -150,13 +150,14 @@ def test_generate_logprobs_without_text():
     assert r.json()["meta_info"]["output_token_logprobs"] == [[-0.5, 97, None]]
 
 
-@pytest.mark.parametrize(("prompt", "status"), [("ABORTME", 500), ("GRAMMARFAIL", 400)])
+@pytest.mark.parametrize(("prompt", "status"), [("ABORTME", 503), ("GRAMMARFAIL", 400)])
 def test_aborted_request_is_an_error_not_200(prompt, status):
     client, _ = make_client()
     r = client.post("/generate", json={"text": prompt})
     assert r.status_code == status
     err = r.json()["error"]
     assert err["message"] and err["code"] == status
+    assert err["finish_reason"]["type"] == "abort" and err["finish_reason"]["status_code"] == status
     assert client.get("/health").status_code == 200
 
 
@@ -366,8 +367,45 @@ def test_abort_request_stops_a_running_generation():
             assert (await c.post("/abort_request", json={"rid": "k"})).status_code == 200
             return await task
 
-    r = asyncio.run(scenario())
-    assert r.status_code == 500 and "aborted" in r.json()["error"]["message"]
+    r = asyncio.run(scenario())  # SGLang's contract: an answer, its finish reason says abort
+    assert r.status_code == 200
+    reason = r.json()["meta_info"]["finish_reason"]
+    assert reason == {"type": "abort", "message": "aborted by request"}
+    assert 0 < r.json()["meta_info"]["completion_tokens"] < 40
+
+
+def _abort_midway(path: str, body: dict, rid_of):
+    """POST ``body`` to ``path``, abort its request (rid from ``rid_of(tm)``) after 0.2 s."""
+    tm = FakeTokenizerManager()
+    app = create_app(tm)
+
+    async def scenario():
+        import httpx
+
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
+            task = asyncio.create_task(c.post(path, json=body))
+            await asyncio.sleep(0.2)
+            assert (await c.post("/abort_request", json={"rid": rid_of(tm)})).status_code == 200
+            return await task
+
+    return asyncio.run(scenario())
+
+
+def test_a_stream_aborted_by_the_caller_ends_with_the_reason_not_an_error():
+    body = {"text": "SLOW", "rid": "s", "stream": True, "sampling_params": {"max_new_tokens": 40}}
+    r = _abort_midway("/generate", body, lambda tm: "s")
+    assert r.status_code == 200
+    events = sse_events(r.text)
+    assert not any("error" in e for e in events)
+    assert events[-1]["meta_info"]["finish_reason"] == {"type": "abort", "message": "aborted by request"}
+    assert all(e["meta_info"]["finish_reason"] is None for e in events[:-1])
+
+
+def test_a_chat_aborted_by_the_caller_answers_with_finish_reason_abort():
+    body = {"messages": [{"role": "user", "content": "SLOW"}], "max_tokens": 40}
+    r = _abort_midway("/v1/chat/completions", body, lambda tm: next(iter(tm.running)))
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["finish_reason"] == "abort"
 
 
 def test_tokenize_and_detokenize():
