@@ -13,8 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, get_args, get_origin
 
 
-def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:
-    return field(default=default, metadata={"help": help, "choices": choices})
+def _opt(default: Any, help: str, choices: tuple | None = None, *, secret: bool = False) -> Any:
+    """A field; a ``secret`` one is left out of ``repr`` and masked by ``public_dict``."""
+    return field(default=default, repr=not secret, metadata={"help": help, "choices": choices, "secret": secret})
+
+
+REDACTED = "<redacted>"
 
 
 @dataclass(frozen=True)
@@ -107,8 +111,14 @@ class EngineArgs:
     # --- server
     host: str = _opt("127.0.0.1", "address to bind")
     port: int = _opt(30000, "port to bind")
-    api_key: str | None = _opt(None, "bearer token required on all routes but /health and /metrics")
+    api_key: str | None = _opt(
+        None, "bearer token required on all routes but /health and /metrics", secret=True
+    )
     max_request_body_bytes: int = _opt(16 * 1024 * 1024, "largest request body accepted")
+    strict_api: bool = _opt(
+        False, "refuse unknown fields on the OpenAI routes with a 400 naming them, as the OpenAI API "
+        "does (default: ignore them; the native routes always refuse them)",
+    )  # fmt: skip
     log_level: str = _opt("info", "log level", ("debug", "info", "warning", "error"))
     log_requests: bool = _opt(False, "log every request")
     metrics_prefix: str = _opt(
@@ -121,6 +131,15 @@ class EngineArgs:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    def public_dict(self) -> dict[str, Any]:
+        """``to_dict`` with every secret that is set replaced by ``REDACTED``: what a route or a
+        log line may show."""
+        out = self.to_dict()
+        for f in dataclasses.fields(self):
+            if f.metadata.get("secret") and out[f.name] is not None:
+                out[f.name] = REDACTED
+        return out
 
     # ---- CLI -----------------------------------------------------------------------------
     @classmethod

@@ -7,9 +7,10 @@ Every error body is OpenAI's shape, which SGLang clients also read::
 
 from __future__ import annotations
 
+import difflib
 import logging
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, TypeVar
 
@@ -44,6 +45,7 @@ class ApiError(Exception):
         param: str | None = None,
         type_: str | None = None,
         finish_reason: dict[str, Any] | None = None,
+        code: str | None = None,
     ):
         super().__init__(message)
         self.status = status
@@ -53,9 +55,12 @@ class ApiError(Exception):
             status, "server_error" if status >= 500 else "invalid_request_error"
         )
         self.finish_reason = finish_reason  # an engine request's reason, when it ended this way
+        self.code = code  # OpenAI's error code where it has one (``model_not_found``); else the status
 
     def body(self) -> dict[str, Any]:
         body = error_body(self.status, self.message, param=self.param, type_=self.type)
+        if self.code is not None:
+            body["error"]["code"] = self.code
         if self.finish_reason is not None:
             body["error"]["finish_reason"] = self.finish_reason
         return body
@@ -90,21 +95,41 @@ def _field_path(loc: tuple[Any, ...]) -> list[str]:
     return [str(p) for p in loc if isinstance(p, int) or not _TAG.match(str(p))]
 
 
-def from_validation_errors(errors: Sequence[Mapping[str, Any]]) -> ApiError:
-    """The first pydantic error as a 400 naming its field (``param`` is the top-level field)."""
+def from_validation_errors(errors: Sequence[Mapping[str, Any]], known: Iterable[str] = ()) -> ApiError:
+    """The first pydantic error as a 400 naming its field (``param`` is the top-level field).
+
+    ``known``: the body's top-level field names, to suggest one for an unknown top-level key.
+    """
     if not errors:
         return ApiError(400, "invalid request body")
     err = errors[0]
     loc = tuple(p for p in err.get("loc", ()) if p != "body")
     if err.get("type") == "json_invalid":
-        return ApiError(400, f"malformed JSON body: {err.get('msg', '')}", param=None)
+        detail = str(err.get("msg", "")).removeprefix("Invalid JSON: ")
+        if "recursion limit" in detail:  # well-formed, but deeper than the parser follows
+            where = detail.split(" at ", 1)[1] if " at " in detail else "somewhere"
+            return ApiError(
+                400,
+                f"request body: valid JSON, but nested too deeply (the limit is about {JSON_DEPTH_LIMIT} "
+                f"levels of arrays and objects; passed at {where})",
+            )
+        return ApiError(400, f"malformed JSON body: {detail}", param=None)
     path = _field_path(loc)
     if not path:
         return ApiError(400, f"request body: {err.get('msg', 'invalid')}")
     msg = err.get("msg", "invalid value")
     if err.get("type") == "missing":
         msg = "field required"
+    elif err.get("type") == "extra_forbidden":
+        msg = "unknown field"
+        close = difflib.get_close_matches(path[-1], list(known), n=1) if len(path) == 1 else []
+        if close:
+            msg += f" (did you mean '{close[0]}'?)"
     return ApiError(400, f"{'.'.join(path)}: {msg}", param=path[0])
+
+
+# pydantic's JSON parser stops at this depth of arrays and objects (a fixed limit of its own)
+JSON_DEPTH_LIMIT = 200
 
 
 async def parse_body(request: Request, model: type[M]) -> M:
@@ -115,7 +140,7 @@ async def parse_body(request: Request, model: type[M]) -> M:
     try:
         return model.model_validate_json(raw)
     except ValidationError as exc:
-        raise from_validation_errors(exc.errors()) from None
+        raise from_validation_errors(exc.errors(), model.model_fields) from None
 
 
 # ---- handlers ------------------------------------------------------------------------------------

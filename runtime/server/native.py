@@ -9,7 +9,9 @@ prompt (its length against the context) are the tokenizer manager's.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+import os
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -112,9 +114,13 @@ def _present(out: Output, req: GenerateRequest, texter: Any) -> Output:
 async def generate(request: Request) -> Response:
     tm = get_tm(request)
     body = await parse_body(request, GenerateBody)
+    unsupported = body.unsupported()
+    if unsupported is not None:
+        raise ApiError(400, f"{unsupported}: not supported by this server", param=unsupported)
     require_serving(tm)
     # a malformed call raises InvalidRequest: the app's handler answers 400 naming the field
-    reqs, answer_list = expand(GenerateCall(**dict(body)), vocab_size(tm))
+    call = GenerateCall(**{f.name: getattr(body, f.name) for f in dataclasses.fields(GenerateCall)})
+    reqs, answer_list = expand(call, vocab_size(tm))
     run = RequestRun(tm, reqs, request)
     if body.stream:
         return await _stream_generate(run, reqs, answer_list, tm)
@@ -217,6 +223,31 @@ def served_model_name(tm: Any) -> str:
         or tm.args.model_path
         or "default"
     )
+
+
+def model_aliases(tm: Any) -> set[str]:
+    """The ``model`` names a request may give: the served name, ``default``, and the model's path
+    as given or resolved, with its file name and that name's stem (``x.gguf`` -> ``x``)."""
+    names = {served_model_name(tm), "default"}
+    for path in (tm.args.model_path, tm.model_info.get("model_path")):
+        if path:
+            base = os.path.basename(os.path.normpath(str(path)))
+            names.update({str(path), base, os.path.splitext(base)[0]})
+    return names
+
+
+def check_model(model: str | None, tm: Any) -> None:
+    """404 ``model_not_found`` for a ``model`` this server does not serve, as the OpenAI API
+    answers; no ``model`` at all means the served one."""
+    if model is not None and model not in model_aliases(tm):
+        raise ApiError(
+            404,
+            f"model: the model '{model}' does not exist on this server; it serves "
+            f"'{served_model_name(tm)}' (GET /v1/models)",
+            param="model",
+            type_="invalid_request_error",
+            code="model_not_found",
+        )
 
 
 @router.get("/model_info")

@@ -22,6 +22,7 @@ from phloem.runtime.sampling.params import MAX_N
 from phloem.runtime.server import sse
 from phloem.runtime.server.http_errors import ApiError, parse_body
 from phloem.runtime.server.native import (
+    check_model,
     check_token_ids,
     get_tm,
     require_serving,
@@ -36,6 +37,7 @@ from phloem.runtime.server.openai_protocol import (
     CompletionRequest,
     NamedToolChoice,
     _SamplingFields,
+    unknown_fields,
 )
 from phloem.runtime.server.request_runner import (
     ClientDisconnected,
@@ -55,6 +57,7 @@ from phloem.runtime.server.tool_calls import (
     template_renders_tools,
 )
 from phloem.runtime.tokenizer.request import GenerateRequest
+from pydantic import BaseModel
 
 router = APIRouter()
 
@@ -217,6 +220,15 @@ async def _events(
         run.close()
 
 
+async def refuse_unknown_fields(request: Request, body: BaseModel, tm: Any) -> None:
+    """Under ``--strict-api``, a 400 naming the first key of the body that no field takes."""
+    if not tm.args.strict_api:
+        return
+    unknown = unknown_fields(body, json.loads(await request.body() or b"{}"))
+    if unknown:
+        raise ApiError(400, f"{unknown[0]}: unrecognized request argument", param=unknown[0])
+
+
 # ---- /v1/models ----------------------------------------------------------------------------------
 @router.get("/v1/models")
 async def models(request: Request) -> Response:
@@ -285,6 +297,8 @@ def _completion_requests(body: CompletionRequest, prompts: list[Prompt], rid: st
 async def completions(request: Request) -> Response:
     tm = get_tm(request)
     body = await parse_body(request, CompletionRequest)
+    await refuse_unknown_fields(request, body, tm)
+    check_model(body.model, tm)
     require_serving(tm)
     if body.suffix:
         raise ApiError(400, "suffix: not supported", param="suffix")
@@ -596,6 +610,8 @@ def _chat_names(body: ChatCompletionRequest) -> dict[str, str]:
 async def chat_completions(request: Request) -> Response:
     tm = get_tm(request)
     body = await parse_body(request, ChatCompletionRequest)
+    await refuse_unknown_fields(request, body, tm)
+    check_model(body.model, tm)
     require_serving(tm)
     tools = _chat_tools(body, tm)
     parser = tools.parser

@@ -1,7 +1,9 @@
 """Bodies of the OpenAI-compatible routes.
 
-Unknown fields are ignored (clients send many we do not use); wrong types are a 400 naming the
-field. The extras after the OpenAI fields are SGLang's (``top_k``, ``regex`` ...).
+Unknown fields are ignored by default (clients written for other providers send many we do not
+use); with ``--strict-api`` they are a 400 naming the first one, as the OpenAI API answers
+(:func:`unknown_fields`). Wrong types are always a 400 naming the field. The extras after the
+OpenAI fields are SGLang's (``top_k``, ``regex`` ...).
 """
 
 from __future__ import annotations
@@ -107,3 +109,25 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+
+
+def unknown_fields(body: BaseModel, raw: Any, prefix: str = "") -> list[str]:
+    """Paths of the keys in ``raw`` (the JSON ``body`` was parsed from) that no field of ``body``
+    or of the models nested in it takes: ``["max_token", "messages[0].nam"]``."""
+    if not isinstance(raw, dict):
+        return []
+    fields = type(body).model_fields
+    names = {name: name for name in fields} | {f.alias: name for name, f in fields.items() if f.alias}
+    found: list[str] = []
+    for key, sub in raw.items():
+        if key not in names:
+            found.append(f"{prefix}{key}")
+            continue
+        value = getattr(body, names[key])
+        if isinstance(value, BaseModel):
+            found += unknown_fields(value, sub, f"{prefix}{key}.")
+        elif isinstance(value, list) and isinstance(sub, list):
+            for i, (item, sub_item) in enumerate(zip(value, sub)):
+                if isinstance(item, BaseModel):
+                    found += unknown_fields(item, sub_item, f"{prefix}{key}[{i}].")
+    return found

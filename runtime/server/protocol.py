@@ -1,8 +1,11 @@
 """Bodies of the native routes (SGLang's wire names).
 
-Models are strict (no string -> number or bool -> int coercion) and ignore unknown keys, so clients
-sending SGLang fields we do not use still work. They check types only: what a ``/generate`` body
-means (batches, ``n``, request ids, sampling params) is :mod:`phloem.runtime.expand`'s business.
+Models are strict (no string -> number or bool -> int coercion) and refuse unknown keys: a typo
+(``sampling_param``) is a 400 naming it, never a request run on defaults. SGLang's own fields that
+this server does not implement are declared: the harmless ones (``log_metrics``, labels) are
+accepted and ignored; the others pass only at their defaults (``image_data: null``), otherwise a
+400 says the field is not supported. The models check types only: what a ``/generate`` body means
+(batches, ``n``, request ids, sampling params) is :mod:`phloem.runtime.expand`'s business.
 """
 
 from __future__ import annotations
@@ -15,11 +18,36 @@ IntList = list[int]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# SGLang ``/generate`` fields this server does not implement: a client may send them at these
+# values (SGLang's clients send some of them always); any other value is refused.
+UNSUPPORTED_AT_DEFAULT: dict[str, Any] = {
+    "image_data": None,
+    "video_data": None,
+    "audio_data": None,
+    "input_embeds": None,
+    "modalities": None,
+    "lora_path": None,
+    "lora_id": None,
+    "session_params": None,
+    "custom_logit_processor": None,
+    "return_hidden_states": False,
+    "return_entropy": False,
+    "return_bytes": False,
+    "bootstrap_host": None,
+    "bootstrap_port": None,
+    "bootstrap_room": None,
+    "bootstrap_pair_key": None,
+    "data_parallel_rank": None,
+    "background": False,
+}
 
 
 class GenerateBody(_Body):
-    """The JSON form of :class:`phloem.runtime.expand.GenerateCall` (same fields)."""
+    """The JSON form of :class:`phloem.runtime.expand.GenerateCall` (its fields), plus SGLang's
+    fields that this server does not use."""
 
     text: str | list[str] | None = None
     input_ids: IntList | list[IntList] | None = None
@@ -33,16 +61,50 @@ class GenerateBody(_Body):
     rid: str | list[str] | None = None
     priority: int | None = None
     extra_key: str | None = None
+    # SGLang's, accepted and ignored: they change nothing a client can see
+    log_metrics: bool = True
+    no_logs: bool = False
+    conversation_id: str | None = None
+    custom_labels: dict[str, str] | None = None
+    # SGLang's, not implemented: refused unless at the value of ``UNSUPPORTED_AT_DEFAULT``
+    image_data: Any = None
+    video_data: Any = None
+    audio_data: Any = None
+    input_embeds: Any = None
+    modalities: Any = None
+    lora_path: Any = None
+    lora_id: Any = None
+    session_params: Any = None
+    custom_logit_processor: Any = None
+    return_hidden_states: Any = False
+    return_entropy: Any = False
+    return_bytes: Any = False
+    bootstrap_host: Any = None
+    bootstrap_port: Any = None
+    bootstrap_room: Any = None
+    bootstrap_pair_key: Any = None
+    data_parallel_rank: Any = None
+    background: Any = False
+
+    def unsupported(self) -> str | None:
+        """The first SGLang field sent at a value this server does not implement, if any."""
+        for name, default in UNSUPPORTED_AT_DEFAULT.items():
+            value = getattr(self, name)
+            if value != default and not (value == [] and default is None):
+                return name
+        return None
 
 
 class TokenizeBody(_Body):
     prompt: str | list[str]
     add_special_tokens: bool = True
+    model: str | None = None  # OpenAI-style clients name the model; one is served
 
 
 class DetokenizeBody(_Body):
     tokens: IntList | list[IntList]
     skip_special_tokens: bool = True
+    model: str | None = None
 
 
 class AbortBody(_Body):

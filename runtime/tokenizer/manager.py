@@ -282,7 +282,7 @@ class TokenizerManager:
         live = reply.data or {}
         resolved = {k: self.model_info[k] for k in ("model_path", "tokenizer_path") if self.model_info.get(k)}
         return {
-            **self.args.to_dict(),
+            **self.args.public_dict(),  # never a secret (--api-key)
             **self.scheduler_info,
             **resolved,  # the files the model came from, not the (possibly empty) flag
             "status": self._status,

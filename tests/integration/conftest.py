@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -30,14 +32,17 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m phloem serve`` on a free loopback port, for tests that speak real HTTP."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, log_level: str = "warning", output: Any = None) -> None:
+        """``output``: a file the server's stdout and stderr go to (default: the test's)."""
         import subprocess
         import sys
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "phloem", "serve", "--port", str(self.port), "--log-level", "warning", *flags],
+            [sys.executable, "-m", "phloem", "serve", "--port", str(self.port), "--log-level", log_level, *flags],
+            stdout=output,
+            stderr=None if output is None else subprocess.STDOUT,
         )
 
     def wait_ready(self, timeout: float = 180.0) -> None:

@@ -243,16 +243,50 @@ def test_load_200_streams_with_client_aborts(server):
     assert live["num_running_reqs"] == 0 and live["token_usage"] == 0.0
 
 
-def test_api_key_guards_all_but_health_and_metrics():
-    srv = ServerProcess("--api-key", "sekret", "--load-format", "dummy", "--max-total-tokens", "2048")
-    try:
-        srv.wait_ready()
-        assert requests.get(srv.url + "/health").status_code == 200
-        assert requests.get(srv.url + "/metrics").status_code == 200
-        body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
-        assert requests.post(srv.url + "/generate", json=body).status_code == 401
-        assert requests.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
-        ok = requests.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer sekret"})
-        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 1
-    finally:
-        assert srv.stop() == 0
+def _strings(value, path=""):
+    """Every (path, string) in a JSON value, keys included."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            yield f"{path}.{k}", str(k)
+            yield from _strings(v, f"{path}.{k}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _strings(v, f"{path}[{i}]")
+    elif isinstance(value, str):
+        yield path, value
+
+
+def test_api_key_guards_all_but_health_and_metrics_and_never_leaks(tmp_path):
+    import uuid
+
+    secret = f"sk-{uuid.uuid4().hex}"
+    log = tmp_path / "server.log"
+    with open(log, "w") as out:
+        srv = ServerProcess("--api-key", secret, "--load-format", "dummy", "--max-total-tokens", "2048",
+                            "--log-requests", log_level="debug", output=out)  # fmt: skip
+        try:
+            srv.wait_ready()
+            auth = {"Authorization": f"Bearer {secret}"}
+            assert requests.get(srv.url + "/health").status_code == 200
+            assert requests.get(srv.url + "/metrics").status_code == 200
+            body = {"text": "hi", "sampling_params": {"max_new_tokens": 1}}
+            assert requests.post(srv.url + "/generate", json=body).status_code == 401
+            assert requests.post(srv.url + "/generate", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+            ok = requests.post(srv.url + "/generate", json=body, headers=auth)
+            assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 1
+            # every field of the server info, and every other route that describes the server
+            info = requests.get(srv.url + "/get_server_info", headers=auth).json()
+            assert info["api_key"] == "<redacted>"
+            for path, text in _strings(info):
+                assert secret not in text, path
+            for route in ("/server_info", "/get_model_info", "/v1/models", "/metrics", "/openapi.json",
+                          "/health_generate"):  # fmt: skip
+                r = requests.get(srv.url + route, headers=auth, timeout=60)
+                assert r.status_code == 200 and secret not in r.text, route
+            bad = requests.post(srv.url + "/generate", json={"text": 5}, headers=auth)
+            assert bad.status_code == 400 and secret not in bad.text
+        finally:
+            assert srv.stop() == 0
+    text = log.read_text()
+    assert "POST /generate" in text  # the log did record requests
+    assert secret not in text

@@ -82,3 +82,17 @@ def test_engine_keywords_outside_their_choices_fail_before_any_process_starts():
         assert "expected one of" in str(e.value)
     with pytest.raises(ValueError, match="--schedule-policy lifo: expected one of fcfs, lpm"):
         Engine(schedule_policy="lifo")
+
+
+def test_secrets_never_leave_through_public_dict_or_repr():
+    import dataclasses
+
+    from phloem.runtime.config import REDACTED
+
+    args = EngineArgs(api_key="sk-very-secret")
+    secrets = [f.name for f in dataclasses.fields(EngineArgs) if f.metadata.get("secret")]
+    assert secrets == ["api_key"]
+    public = args.public_dict()
+    assert public["api_key"] == REDACTED and "sk-very-secret" not in repr(args)
+    assert "sk-very-secret" not in str(public) and args.to_dict()["api_key"] == "sk-very-secret"
+    assert EngineArgs().public_dict()["api_key"] is None  # unset shows as unset

@@ -40,20 +40,65 @@ def test_generate_text_echoes_and_reports_meta():
     assert tm.requests[0].sampling_params.max_new_tokens == 3
 
 
-def test_generate_input_ids_and_unknown_top_level_keys_ignored():
+def test_generate_input_ids_and_sglang_fields_at_their_defaults():
     client, tm = make_client()
     r = client.post(
         "/generate",
         json={
             "input_ids": [104, 105],
             "image_data": None,
-            "lora_path": "x",
+            "lora_path": None,
+            "modalities": [],
+            "log_metrics": False,
+            "custom_labels": {"team": "a"},
             "sampling_params": {"max_new_tokens": 8, "temperature": 0},
         },
     )
     assert r.status_code == 200, r.text
     assert r.json()["text"] == "hihihihi"
     assert tm.requests[0].input_ids == [104, 105] and tm.requests[0].text is None
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "needle"),
+    [
+        ({"text": "a", "sampling_param": {"max_new_tokens": 1}}, "sampling_param", "did you mean 'sampling_params'"),
+        ({"text": "a", "strem": True}, "strem", "did you mean 'stream'"),
+        ({"text": "a", "zzz": 1}, "zzz", "unknown field"),
+        ({"text": "a", "lora_path": "x"}, "lora_path", "not supported"),
+        ({"text": "a", "image_data": ["http://x/cat.png"]}, "image_data", "not supported"),
+        ({"text": "a", "return_hidden_states": True}, "return_hidden_states", "not supported"),
+    ],
+)
+def test_generate_refuses_unknown_and_unsupported_fields_naming_them(body, param, needle):
+    client, tm = make_client()
+    r = client.post("/generate", json=body)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"].startswith(f"{param}: ") and needle in err["message"]
+    assert not tm.requests  # nothing ran on defaults
+
+
+def test_other_native_bodies_refuse_unknown_fields():
+    client, _ = make_client()
+    for path, body, param in [
+        ("/v1/tokenize", {"prompt": "a", "add_special_token": False}, "add_special_token"),
+        ("/v1/detokenize", {"tokens": [1], "skip_special": True}, "skip_special"),
+        ("/abort_request", {"rid": "x", "abort": True}, "abort"),
+        ("/flush_cache", {"timeout": 1, "x": 1}, "x"),
+    ]:
+        r = client.post(path, json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (path, r.text)
+    assert client.post("/v1/tokenize", json={"prompt": "a", "model": "m"}).status_code == 200
+
+
+def test_deep_json_is_reported_as_too_deep_not_malformed():
+    client, _ = make_client()
+    deep = '{"text": "a", "sampling_params": {"json_schema": ' + "[" * 1000 + "]" * 1000 + "}}"
+    r = client.post("/generate", content=deep, headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    message = r.json()["error"]["message"]
+    assert "nested too deeply" in message and "malformed" not in message
 
 
 def test_generate_batch_returns_list_in_order():

@@ -28,6 +28,49 @@ def test_models(setup):
     assert [m.id for m in models.data] == ["fake"]
 
 
+def test_an_unknown_model_is_404_model_not_found_and_aliases_pass(setup):
+    oai, _ = setup
+    with pytest.raises(openai.NotFoundError) as info:
+        oai.chat.completions.create(model="gpt-4o", messages=MSG, max_tokens=1)
+    assert info.value.body["code"] == "model_not_found" and info.value.body["param"] == "model"
+    assert "'fake'" in info.value.body["message"]  # says which model it serves
+    with pytest.raises(openai.NotFoundError):
+        oai.completions.create(model="fake-2", prompt="a", max_tokens=1)
+    for name in ("fake", "default", "fake-model"):  # served name, SGLang's default, the path
+        assert oai.completions.create(model=name, prompt="a", max_tokens=1).choices
+
+
+def test_unknown_fields_are_ignored_by_default_and_refused_under_strict_api():
+    from phloem.runtime.server.openai_protocol import ChatCompletionRequest, unknown_fields
+
+    raw = {"messages": [{"role": "user", "content": "a", "nam": "x"}], "max_token": 3, "stream": False}
+    body = ChatCompletionRequest.model_validate(raw)
+    assert unknown_fields(body, raw) == ["messages[0].nam", "max_token"]
+    raw = {"messages": [{"role": "user", "content": "a"}], "response_format": {"type": "json_schema",
+           "json_schema": {"name": "n", "schema": {}, "strictt": True}}}  # fmt: skip
+    assert unknown_fields(ChatCompletionRequest.model_validate(raw), raw) == ["response_format.json_schema.strictt"]
+
+    client, _ = make_client()
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_token": 3, "max_tokens": 2}
+    assert client.post("/v1/chat/completions", json=body).status_code == 200
+    client, _ = make_client(strict_api=True)
+    r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "max_token"
+    r = client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1, "echoo": True})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echoo"
+    assert client.post("/v1/completions", json={"prompt": "a", "max_tokens": 1}).status_code == 200
+
+
+def test_model_aliases_take_the_path_its_file_name_and_stem():
+    from phloem.runtime.server.native import model_aliases
+
+    _, tm = make_client()
+    tm.model_info = {**tm.model_info, "model_path": "/models/smol/SmolLM2-135M-Q8_0.gguf"}
+    names = model_aliases(tm)
+    assert {"fake", "default", "fake-model", "SmolLM2-135M-Q8_0.gguf", "SmolLM2-135M-Q8_0"} <= names
+    assert "/models/smol/SmolLM2-135M-Q8_0.gguf" in names and "smol" not in names
+
+
 def test_chat_completion(setup):
     oai, tm = setup
     r = oai.chat.completions.create(
