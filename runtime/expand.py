@@ -25,6 +25,7 @@ from phloem.runtime.sampling.params import SamplingParams, validate_token_ids
 from phloem.runtime.tokenizer.request import GenerateRequest
 
 MAX_REQUESTS = 1024  # engine requests per call (batch x n)
+MAX_TOP_LOGPROBS_NUM = 100  # top alternatives per position: each is a row of the answer
 
 # One prompt's sampling params as a caller may give them: the wire object, or already built.
 SamplingSpec: TypeAlias = dict[str, Any] | SamplingParams | None
@@ -197,8 +198,8 @@ def _logprob_options(call: GenerateCall, size: int, vocab_size: int | None) -> l
     for ret, start, top, ids in zip(returns, starts, tops, id_rows):
         if start < -1:
             raise InvalidRequest("logprob_start_len", f"must be >= -1, got {start}")
-        if top < 0 or (vocab_size is not None and top > vocab_size):
-            raise InvalidRequest("top_logprobs_num", f"must be between 0 and the vocabulary size, got {top}")
+        if not 0 <= top <= MAX_TOP_LOGPROBS_NUM:
+            raise InvalidRequest("top_logprobs_num", f"must be in [0, {MAX_TOP_LOGPROBS_NUM}], got {top}")
         _check_ids(list(ids or []), vocab_size, "token_ids_logprob")
         options.append(
             {

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import logging
 import re
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from http import HTTPStatus
 from typing import Any, TypeVar
@@ -182,5 +183,13 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return ApiError(500, f"internal server error: {type(exc).__name__}: {exc}").response()
+    return internal_error(exc, f"{request.method} {request.url.path}").response()
+
+
+def internal_error(exc: BaseException, where: str, status: int = 500) -> ApiError:
+    """An error this server did not expect: logged with its traceback under a short id; the client
+    gets only the id (an exception's text can carry paths, settings or other clients' data)."""
+    incident = uuid.uuid4().hex[:12]
+    logger.error("internal error %s on %s: %s: %s", incident, where, type(exc).__name__, exc, exc_info=exc)
+    what = "internal server error" if status == 500 else "the engine is unavailable"
+    return ApiError(status, f"{what} (incident {incident}; the server's log has the details)")

@@ -24,7 +24,7 @@ from phloem.runtime.expand import GenerateCall, expand, per_sample, tokenizer_vo
 from phloem.runtime.metrics import CONTENT_TYPE
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.server import sse
-from phloem.runtime.server.http_errors import ApiError, from_invalid_request, parse_body
+from phloem.runtime.server.http_errors import ApiError, from_invalid_request, internal_error, parse_body
 from phloem.runtime.server.protocol import (
     AbortBody,
     DetokenizeBody,
@@ -68,9 +68,8 @@ def to_api_error(exc: BaseException, tm: Any) -> ApiError:
         return exc
     if isinstance(exc, InvalidRequest):
         return from_invalid_request(exc)
-    logger.error("request failed: %s: %s", type(exc).__name__, exc, exc_info=exc)
     status = 503 if tm.health() in ("shutting_down", "broken") else 500
-    return ApiError(status, f"{type(exc).__name__}: {exc}")
+    return internal_error(exc, "a request", status)
 
 
 def sampling_for_samples(

@@ -45,6 +45,10 @@ UNSUPPORTED_AT_DEFAULT: dict[str, Any] = {
 }
 
 
+# SGLang ``/generate`` fields accepted at any value and ignored: they change nothing a client sees
+IGNORED_SGLANG_FIELDS = ("log_metrics", "no_logs", "conversation_id", "custom_labels")
+
+
 class GenerateBody(_Body):
     """The JSON form of :class:`phloem.runtime.expand.GenerateCall` (its fields), plus SGLang's
     fields that this server does not use."""
@@ -61,12 +65,12 @@ class GenerateBody(_Body):
     rid: str | list[str] | None = None
     priority: int | None = None
     extra_key: str | None = None
-    # SGLang's, accepted and ignored: they change nothing a client can see
+    # IGNORED_SGLANG_FIELDS
     log_metrics: bool = True
     no_logs: bool = False
     conversation_id: str | None = None
     custom_labels: dict[str, str] | None = None
-    # SGLang's, not implemented: refused unless at the value of ``UNSUPPORTED_AT_DEFAULT``
+    # UNSUPPORTED_AT_DEFAULT: refused at any other value
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None

@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.errors import InvalidRequest
+from phloem.runtime.expand import MAX_TOP_LOGPROBS_NUM
 from phloem.runtime.ipc import IpcPaths
 from phloem.runtime.messages import (
     AbortReq,
@@ -191,10 +192,12 @@ class TokenizerManager:
                 f"the prompt has {len(ids)} tokens; the model's context length is {self.context_len}",
             )
         if len(ids) + p.max_new_tokens > self.context_len:
+            # the field is named by the error's prefix, in the client's own words (max_tokens on
+            # the OpenAI routes), so the text does not name it again
             raise InvalidRequest(
                 "sampling_params.max_new_tokens",
-                f"prompt ({len(ids)} tokens) + max_new_tokens ({p.max_new_tokens}) exceeds the "
-                f"context length {self.context_len}",
+                f"{p.max_new_tokens} new tokens after a prompt of {len(ids)} exceed the context length "
+                f"{self.context_len} (at most {self.context_len - len(ids)} fit)",
             )
         if req.logprob_start_len >= len(ids):
             raise InvalidRequest(
@@ -202,8 +205,10 @@ class TokenizerManager:
             )
         if req.logprob_start_len < -1:
             raise InvalidRequest("logprob_start_len", f"must be >= -1, got {req.logprob_start_len}")
-        if req.top_logprobs_num < 0 or req.top_logprobs_num > 100:
-            raise InvalidRequest("top_logprobs_num", f"must be in [0, 100], got {req.top_logprobs_num}")
+        if not 0 <= req.top_logprobs_num <= MAX_TOP_LOGPROBS_NUM:
+            raise InvalidRequest(
+                "top_logprobs_num", f"must be in [0, {MAX_TOP_LOGPROBS_NUM}], got {req.top_logprobs_num}"
+            )
         if req.token_ids_logprob is not None:
             validate_token_ids(req.token_ids_logprob, self.vocab_size, "token_ids_logprob")
         rid = req.rid or uuid.uuid4().hex

@@ -151,6 +151,8 @@ def test_bad_input_is_4xx_and_server_stays_healthy(server, case):
         r = post(server, path, body)
     assert 400 <= r.status_code < 500, r.text
     assert needle.lower() in r.text.lower()
+    if path.startswith("/v1/") and "sampling_params" not in json.dumps(body, default=str):
+        assert "max_new_tokens" not in r.text  # OpenAI clients hear of their own fields only
 
 
 def test_duplicate_rids_are_refused_as_the_engine_refuses_them(server):

@@ -88,7 +88,7 @@ class FakeTokenizerManager:
             raise InvalidRequest("text", "the prompt has 9999 tokens; the model's context length is 4096")
         if len(ids) + req.sampling_params.max_new_tokens > self.context_len:
             raise InvalidRequest(
-                "sampling_params.max_new_tokens", "prompt + max_new_tokens exceeds the context"
+                "sampling_params.max_new_tokens", "new tokens after the prompt exceed the context length"
             )
         if req.logprob_start_len >= len(ids):
             raise InvalidRequest("logprob_start_len", f"must be < the prompt length {len(ids)}")

@@ -532,3 +532,20 @@ def test_body_limit_413_then_still_healthy():
     assert r.status_code == 413  # no content-length: counted while reading
     r = client.post("/generate", json={"text": "a", "sampling_params": {"max_new_tokens": 1}})
     assert r.status_code == 200
+
+
+def test_an_unexpected_error_reaches_the_client_as_an_incident_id_only(caplog):
+    client, tm = make_client()
+
+    async def broken(req):
+        raise RuntimeError("cannot open /srv/private/weights.bin for user alice")
+        yield  # pragma: no cover
+
+    tm.generate = broken
+    r = client.post("/generate", json={"text": "a"})
+    assert r.status_code == 500
+    message = r.json()["error"]["message"]
+    assert "alice" not in message and "RuntimeError" not in message
+    incident = message.split("incident ")[1].split(";")[0]
+    logged = [rec for rec in caplog.records if incident in rec.getMessage()]
+    assert logged and "alice" in logged[0].getMessage()  # the operator sees it all
