@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,8 +92,8 @@ class TokenizerManager:
         self._ready: dict[str, Ready] = {}
         self._ready_event: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
-        self._encoder = _prompt_encoder(tokenizer, self.context_len, add_special_tokens=True)
-        self._raw_encoder = _prompt_encoder(tokenizer, self.context_len, add_special_tokens=False)
+        self._encoder = _prompt_encoder(tokenizer, lambda: self.context_len, add_special_tokens=True)
+        self._raw_encoder = _prompt_encoder(tokenizer, lambda: self.context_len, add_special_tokens=False)
         self._outbox: list[tuple[str | None, bytes]] = []  # (request id or None, encoded message)
 
     # ================================================================== lifecycle
@@ -478,9 +478,12 @@ class TokenizerManager:
         return [[triple(p) for p in pos] if pos is not None else None for pos in vals]
 
 
-def _prompt_encoder(tokenizer: Any, context_len: int, *, add_special_tokens: bool) -> BatchEncoder:
+def _prompt_encoder(
+    tokenizer: Any, context_len: Callable[[], int], *, add_special_tokens: bool
+) -> BatchEncoder:
     """Encoder of prompt texts; a long text is encoded by :func:`encode_within`, which stops
-    as soon as a prefix shows the text cannot fit ``context_len``."""
+    as soon as a prefix shows the text cannot fit the context (``context_len()``: read when
+    the text is encoded, as the scheduler reports it only once it is ready)."""
 
     def one(text: str) -> list[int]:
         return tokenizer.encode(text, add_special_tokens=add_special_tokens)
@@ -491,7 +494,8 @@ def _prompt_encoder(tokenizer: Any, context_len: int, *, add_special_tokens: boo
         return [one(t) for t in texts]
 
     def long(text: str) -> list[int]:  # a batch of one: the Rust tokenizer releases the GIL there
-        return encode_within(text, lambda t: batch([t])[0], context_len - 1, first_chars=4 * context_len)
+        limit = context_len()
+        return encode_within(text, lambda t: batch([t])[0], limit - 1, first_chars=4 * limit)
 
     return BatchEncoder(one, batch, encode_long=long)
 

@@ -74,6 +74,18 @@ def test_a_text_whose_prefix_rules_it_out_is_refused_unfinished():
     assert tm._encoder.long_texts == 1
 
 
+def test_the_context_length_is_read_when_a_text_is_encoded():
+    """The server learns the context length from the scheduler after the manager is built."""
+    tok = WordTokenizer()
+    tm = manager(tok, 0)
+    tm.context_len = 5000
+    text = "abcdef " * 4700  # fits 5000
+    assert len(encode(tm, text)) == 4701
+    tm.context_len = 1000
+    with pytest.raises(InvalidRequest, match="at least"):
+        encode(tm, text)
+
+
 def test_a_long_text_that_fits_gets_the_ids_of_a_whole_encode():
     tok = WordTokenizer()
     tm = manager(tok, 5000)
