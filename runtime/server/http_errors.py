@@ -76,9 +76,11 @@ def error_body(status: int, message: str, *, param: str | None = None, type_: st
 
 
 def from_invalid_request(exc: InvalidRequest) -> ApiError:
+    """A 400 whose message starts with the field it is about, unless the message already names
+    it as a word of its own (``text`` inside ``context`` does not count)."""
     field = getattr(exc, "field", None)
     message = getattr(exc, "message", None) or str(exc)
-    if field and field not in message:
+    if field and not re.search(rf"(?<![\w.]){re.escape(field)}(?!\w)", message):
         message = f"{field}: {message}"
     return ApiError(400, message, param=field or None)
 

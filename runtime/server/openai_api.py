@@ -534,7 +534,7 @@ def _chat_tools(body: ChatCompletionRequest, tm: Any) -> _ChatTools:
     return _ChatTools(tools, parser, tag, writer=parser)
 
 
-def _render_chat(tm: Any, body: ChatCompletionRequest, tools: _ChatTools) -> list[int]:
+def _render_chat(tm: Any, body: ChatCompletionRequest, tools: _ChatTools) -> str:
     messages = template_messages(body.messages)
     if tools.writer is not None and not template_renders_tools(tm.tokenizer.chat_template):
         # With tool_choice "none" the tools are not described: the model is not to call them.
@@ -545,7 +545,16 @@ def _render_chat(tm: Any, body: ChatCompletionRequest, tools: _ChatTools) -> lis
         raise
     except Exception as exc:
         raise ApiError(400, f"messages: the chat template failed: {exc}", param="messages") from None
-    return tm.tokenizer.encode(prompt, add_special_tokens=False)
+    return prompt
+
+
+async def _chat_prompt_ids(tm: Any, prompt: str) -> list[int]:
+    """The rendered chat's ids, encoded as every prompt is (off the loop, refused early when it
+    cannot fit the context); the template already wrote any special tokens."""
+    try:
+        return await tm.encode_prompt(prompt, add_special_tokens=False)
+    except InvalidRequest as exc:
+        raise _api_error(exc, tm, CHAT_NAMES) from None
 
 
 def _chat_wire(
@@ -616,7 +625,8 @@ async def chat_completions(request: Request) -> Response:
     tools = _chat_tools(body, tm)
     parser = tools.parser
     rid = _response_id("chatcmpl")
-    reqs = _chat_requests(body, _render_chat(tm, body, tools), tm, rid, tools.structural_tag)
+    ids = await _chat_prompt_ids(tm, _render_chat(tm, body, tools))
+    reqs = _chat_requests(body, ids, tm, rid, tools.structural_tag)
     run = RequestRun(tm, reqs, request)
     ctx = _Ctx(rid, int(time.time()), served_model_name(tm), body.n, token_texter(tm.tokenizer))
     if body.stream:

@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,7 @@ from phloem.runtime.messages import (
 )
 from phloem.runtime.sampling.params import validate_token_ids
 from phloem.runtime.tokenizer.batch_encoder import BatchEncoder
+from phloem.runtime.tokenizer.prompt_length import PromptTooLong, encode_within
 from phloem.runtime.tokenizer.request import GenerateRequest
 
 logger = logging.getLogger("phloem.tokenizer_manager")
@@ -92,7 +93,8 @@ class TokenizerManager:
         self._ready: dict[str, Ready] = {}
         self._ready_event: asyncio.Event | None = None
         self._tasks: list[asyncio.Task] = []
-        self._encoder = _prompt_encoder(tokenizer)
+        self._encoder = _prompt_encoder(tokenizer, lambda: self.context_len, add_special_tokens=True)
+        self._raw_encoder = _prompt_encoder(tokenizer, lambda: self.context_len, add_special_tokens=False)
         self._outbox: list[tuple[str | None, bytes]] = []  # (request id or None, encoded message)
 
     # ================================================================== lifecycle
@@ -155,6 +157,7 @@ class TokenizerManager:
         for t in self._tasks:
             t.cancel()
         self._encoder.close()
+        self._raw_encoder.close()
         await asyncio.sleep(0)
         self.inp.close()
         self.to_sched.close()
@@ -162,11 +165,29 @@ class TokenizerManager:
 
     # ================================================================== generation
     async def _prompt_ids(self, req: GenerateRequest) -> list[int] | None:
-        """The text prompt's ids, encoded off the loop (``BatchEncoder``); None when
-        :meth:`tokenize_request` needs nothing encoded (ids given, or it will refuse the request)."""
+        """The text prompt's ids (:meth:`encode_prompt`); None when :meth:`tokenize_request`
+        needs nothing encoded (ids given, or it will refuse the request)."""
         if self._status != "serving" or req.input_ids is not None or req.text is None:
             return None
-        return await self._encoder.encode(req.text)
+        return await self.encode_prompt(req.text)
+
+    async def encode_prompt(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of a prompt text, encoded off the loop (``BatchEncoder``).
+
+        A text that cannot fit the context is refused (``InvalidRequest`` naming ``text``)
+        before it is encoded when its length in bytes already rules it out, and part-way
+        through encoding when a prefix of it does (``encode_within``). A text that fits comes
+        back with the ids of a plain encode of the whole text.
+        """
+        floor_of = getattr(self.tokenizer, "token_floor", None)
+        floor = floor_of(text, add_special_tokens) if floor_of is not None else 0
+        if floor >= self.context_len:
+            raise _over_context(f"at least {floor}", self.context_len)
+        encoder = self._encoder if add_special_tokens else self._raw_encoder
+        try:
+            return await encoder.encode(text)
+        except PromptTooLong as e:
+            raise _over_context(f"at least {e.at_least}", self.context_len) from None
 
     def tokenize_request(self, req: GenerateRequest, text_ids: list[int] | None = None) -> TokenizedGenerateReq:
         """Validate and tokenize (``text_ids``: the text already encoded); raises InvalidRequest
@@ -187,10 +208,7 @@ class TokenizerManager:
         if p.grammar is not None:
             self._validate_grammar(*p.grammar)
         if len(ids) >= self.context_len:
-            raise InvalidRequest(
-                "text" if req.input_ids is None else "input_ids",
-                f"the prompt has {len(ids)} tokens; the model's context length is {self.context_len}",
-            )
+            raise _over_context(len(ids), self.context_len, "text" if req.input_ids is None else "input_ids")
         if len(ids) + p.max_new_tokens > self.context_len:
             # the field is named by the error's prefix, in the client's own words (max_tokens on
             # the OpenAI routes), so the text does not name it again
@@ -465,16 +483,31 @@ class TokenizerManager:
         return [[triple(p) for p in pos] if pos is not None else None for pos in vals]
 
 
-def _prompt_encoder(tokenizer: Any) -> BatchEncoder:
+def _prompt_encoder(
+    tokenizer: Any, context_len: Callable[[], int], *, add_special_tokens: bool
+) -> BatchEncoder:
+    """Encoder of prompt texts; a long text is encoded by :func:`encode_within`, which stops
+    as soon as a prefix shows the text cannot fit the context (``context_len()``: read when
+    the text is encoded, as the scheduler reports it only once it is ready)."""
+
     def one(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=True)
+        return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
     def batch(texts: Sequence[str]) -> list[list[int]]:
         if hasattr(tokenizer, "encode_batch"):
-            return tokenizer.encode_batch(texts, add_special_tokens=True)
+            return tokenizer.encode_batch(texts, add_special_tokens=add_special_tokens)
         return [one(t) for t in texts]
 
-    return BatchEncoder(one, batch)
+    def long(text: str) -> list[int]:  # a batch of one: the Rust tokenizer releases the GIL there
+        limit = context_len()
+        return encode_within(text, lambda t: batch([t])[0], limit - 1, first_chars=4 * limit)
+
+    return BatchEncoder(one, batch, encode_long=long)
+
+
+def _over_context(tokens: int | str, context_len: int, field: str = "text") -> InvalidRequest:
+    """The refusal of a prompt of ``tokens`` tokens (a count, or ``"at least N"``)."""
+    return InvalidRequest(field, f"the prompt has {tokens} tokens; the model's context length is {context_len}")
 
 
 def _version() -> str:

@@ -219,6 +219,33 @@ class Tokenizer:
         """Number of token ids, added tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)
 
+    @cached_property
+    def max_token_bytes(self) -> int | None:
+        """Most bytes of text one token stands for: the longest vocabulary entry, as bytes of
+        text (a byte-level piece such as ``Ġab`` is the 3 bytes `` ab``; an added token is its
+        literal content). None when unknown: a normalizer may rewrite the text before it is
+        split, so its length says nothing of the token count."""
+        if self._tok.normalizer is not None:
+            return None
+        byte_level = isinstance(self._tok.decoder, decoders.ByteLevel)
+        alphabet = set(_byte_alphabet().values()) if byte_level else set()
+        added = {t.content for t in self._tok.get_added_tokens_decoder().values()}
+        longest = 0
+        for piece in self._tok.get_vocab(with_added_tokens=True):
+            one_per_byte = piece not in added and set(piece) <= alphabet
+            longest = max(longest, len(piece) if one_per_byte else len(piece.encode()))
+        return longest or None
+
+    def token_floor(self, text: str, add_special_tokens: bool = False) -> int:
+        """Fewest tokens :meth:`encode` can return for ``text``, from its length alone (0 when
+        :attr:`max_token_bytes` is unknown): every token covers at most ``max_token_bytes``
+        bytes of it. Lets a caller refuse an impossible prompt without encoding it."""
+        longest = self.max_token_bytes
+        if longest is None:
+            return 0
+        bos = add_special_tokens and self.add_bos_token and self.bos_token_id is not None
+        return -(-len(text.encode()) // longest) + int(bos)
+
     def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
         """Token ids of ``text``; special tokens written in the text are matched whole.
 

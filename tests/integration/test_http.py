@@ -175,6 +175,52 @@ def test_prompt_longer_than_context_is_400(server):
     assert r.status_code == 400 and "context" in r.text
 
 
+def test_huge_prompts_are_refused_quickly_without_holding_a_short_one(server):
+    """Prompts far over the context (megabytes: refused from their byte length; a few hundred
+    kilobytes: from a prefix) get a 400 naming the client's field within seconds, while a short
+    request sent among them is served and /health answers."""
+    prose = "The quick brown fox jumps over the lazy dog, 12 times. "
+
+    def text(nbytes: int) -> str:
+        return (prose * (nbytes // len(prose) + 1))[:nbytes]
+
+    huge = [
+        ("/generate", {"text": text(3_000_000), "sampling_params": {"max_new_tokens": 1}}, "text"),
+        ("/generate", {"text": text(3_000_000), "sampling_params": {"max_new_tokens": 1}}, "text"),
+        ("/generate", {"text": text(300_000), "sampling_params": {"max_new_tokens": 1}}, "text"),
+        ("/v1/completions", {"model": "m", "prompt": text(3_000_000), "max_tokens": 1}, "prompt"),
+        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": text(3_000_000)}]}, "messages"),
+    ]
+
+    async def main() -> tuple[list[tuple[int, dict, float]], int]:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+
+            async def send(path: str, body: dict) -> tuple[int, dict, float]:
+                start = time.perf_counter()
+                async with session.post(server.url + path, json=body) as r:
+                    return r.status, await r.json(), time.perf_counter() - start
+
+            async def health() -> int:
+                await asyncio.sleep(0.2)
+                async with session.get(server.url + "/health") as r:
+                    return r.status
+
+            short = send("/generate", {"text": "Count: 1, 2,", "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
+            results = await asyncio.gather(*(send(p, b) for p, b, _ in huge), short, health())
+            return list(results[: len(huge) + 1]), results[-1]
+
+    results, health_status = asyncio.run(main())
+    for (path, _, field), (status, body, seconds) in zip(huge, results, strict=False):
+        message = body["error"]["message"]
+        assert status == 400 and body["error"]["param"] == field, (path, body)
+        assert message.startswith(f"{field}: the prompt has at least "), message
+        assert message.endswith("the model's context length is 8192")
+        assert seconds < 15, (path, seconds)  # encoding all of 3 MB alone took several seconds
+    short_status, short_body, _ = results[-1]
+    assert short_status == 200 and short_body["meta_info"]["completion_tokens"] == 4
+    assert health_status == 200
+
+
 def test_disconnect_mid_stream_frees_kv(server):
     wait_idle(server)
     with requests.post(server.url + "/generate", json={"text": "Tell a long story.", "stream": True,

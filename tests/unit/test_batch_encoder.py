@@ -141,3 +141,86 @@ def test_the_tokenizer_encodes_a_batch_as_it_encodes_each_text():
         assert tok.encode_batch(texts, add_special_tokens=special) == [
             tok.encode(t, add_special_tokens=special) for t in texts
         ]
+
+
+def test_short_texts_do_not_wait_behind_a_long_one():
+    """A long text is encoded on its own pool: while it is still being encoded, short texts that
+    came after it are batched and answered."""
+    rec = Recorder()
+    gate = threading.Event()
+    longs: list[str] = []
+
+    def slow_long(text: str) -> list[int]:  # holds its worker until the gate opens
+        longs.append(threading.current_thread().name)
+        if not gate.wait(10):
+            raise TimeoutError("the gate never opened")
+        return rec.encode_batch([text])[0]
+
+    enc = BatchEncoder(rec.encode_one, rec.encode_batch, inline_chars=4, encode_long=slow_long, long_chars=100)
+    done: list[str] = []
+
+    async def main() -> list[list[int]]:
+        async def encode(name: str, text: str) -> list[int]:
+            ids = await enc.encode(text)
+            done.append(name)
+            return ids
+
+        long = asyncio.ensure_future(encode("long", "w " * 500))
+        await asyncio.sleep(0)
+        shorts = [asyncio.ensure_future(encode(f"short{i}", f"s{i} text")) for i in range(3)]
+        try:
+            short_ids = await asyncio.wait_for(asyncio.gather(*shorts), 10)
+            assert done == ["short0", "short1", "short2"] and not long.done()  # the long one is still held
+            gate.set()
+            return [await long, *short_ids]
+        finally:
+            gate.set()
+            enc.close()
+
+    ids = run(main())
+    assert ids[0] == [1] * 500 and ids[1:] == [[2, 4], [2, 4], [2, 4]]
+    assert done[-1] == "long" and enc.long_texts == 1
+    assert rec.batches[0] == ["s0 text", "s1 text", "s2 text"]  # the shorts' batch: the long text is not in it
+    assert longs and all(name.startswith("phloem-tokenize-long") for name in longs)
+
+
+def test_long_texts_are_encoded_side_by_side_and_a_refusal_reaches_only_its_caller():
+    rec = Recorder()
+    started: list[str] = []
+    both_started = threading.Barrier(2, timeout=10)  # each waits for the other: they run at once
+
+    def long_encode(text: str) -> list[int]:
+        started.append(text[:3])
+        both_started.wait()
+        if text.startswith("BAD"):
+            raise ValueError("too long")
+        return rec.encode_batch([text])[0]
+
+    enc = BatchEncoder(rec.encode_one, rec.encode_batch, encode_long=long_encode, long_chars=10, long_workers=2)
+
+    async def main() -> list:
+        try:
+            return list(
+                await asyncio.gather(enc.encode("BAD " * 10), enc.encode("ok! " * 10), return_exceptions=True)
+            )
+        finally:
+            enc.close()
+
+    bad, ok = run(main())
+    assert isinstance(bad, ValueError) and ok == [3] * 10
+    assert sorted(started) == ["BAD", "ok!"] and enc.batches == 0
+
+
+def test_by_default_a_long_text_is_a_batch_of_one_on_the_long_pool():
+    rec = Recorder()
+    enc = BatchEncoder(rec.encode_one, rec.encode_batch, long_chars=10)
+
+    async def main() -> list[int]:
+        try:
+            return await enc.encode("abc " * 10)
+        finally:
+            enc.close()
+
+    assert run(main()) == [3] * 10
+    assert rec.batches == [["abc " * 10]] and enc.batches == 0 and enc.long_texts == 1
+    assert all(name.startswith("phloem-tokenize-long") for name in rec.threads)

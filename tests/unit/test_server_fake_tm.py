@@ -94,6 +94,14 @@ class FakeTokenizerManager:
             raise InvalidRequest("logprob_start_len", f"must be < the prompt length {len(ids)}")
         return ids
 
+    async def encode_prompt(self, text: str, *, add_special_tokens: bool = True) -> list[int]:
+        ids = self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if len(ids) >= self.context_len:
+            raise InvalidRequest(
+                "text", f"the prompt has {len(ids)} tokens; the model's context length is {self.context_len}"
+            )
+        return ids
+
     async def generate(self, req: GenerateRequest) -> AsyncIterator[dict[str, Any]]:
         ids = self._prompt_ids(req)
         self._n += 1

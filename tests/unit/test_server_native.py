@@ -223,6 +223,20 @@ def test_request_error_at_tokenization_is_400_even_when_streaming():
         assert r.status_code == 400
         assert r.json()["error"]["param"] == "text"
         assert "context length" in r.json()["error"]["message"]
+        assert r.json()["error"]["message"].startswith("text: the prompt has ")
+
+
+def test_an_invalid_request_message_names_its_field_unless_it_already_does():
+    from phloem.runtime.errors import InvalidRequest
+    from phloem.runtime.server.http_errors import from_invalid_request
+
+    def message(field: str, text: str) -> str:
+        return from_invalid_request(InvalidRequest(field, text)).message
+
+    # "text" inside "context" is not the field named
+    assert message("text", "the model's context length is 8") == "text: the model's context length is 8"
+    assert message("input_ids", "input_ids[2] is out of range") == "input_ids[2] is out of range"
+    assert message("top_k", "must be >= 1, unlike top_k_max") == "top_k: must be >= 1, unlike top_k_max"
 
 
 def test_grammar_abort_names_the_grammar_field():

@@ -228,6 +228,20 @@ def test_openai_errors_have_openai_shape(setup):
         oai.chat.completions.create(model="fake", messages=MSG, temperature=-1)
 
 
+def test_a_prompt_over_the_context_is_refused_naming_the_clients_field(setup):
+    oai, tm = setup
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model="fake", prompt="BADPROMPT", max_tokens=1)
+    assert info.value.body["param"] == "prompt"
+    assert info.value.body["message"].startswith("prompt: the prompt has ")
+    huge = [{"role": "user", "content": "x" * tm.context_len}]
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.chat.completions.create(model="fake", messages=huge, max_tokens=1)
+    assert info.value.body["param"] == "messages"
+    assert info.value.body["message"].startswith("messages: the prompt has ")
+    assert "context length is 4096" in info.value.body["message"] and not tm.requests
+
+
 def test_aborted_chat_is_an_error(setup):
     oai, _ = setup
     with pytest.raises(openai.InternalServerError):
