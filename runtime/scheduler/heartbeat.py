@@ -35,7 +35,9 @@ class LoopWatch:
     loop keeps unformatted (``Scheduler.doing``): formatting happens only when a beat reads it."""
 
     def __init__(
-        self, activity: Callable[[], tuple[str, str]] = lambda: ("", ""), clock: Callable[[], float] = time.monotonic
+        self,
+        activity: Callable[[], tuple[str, str]] = lambda: ("", ""),
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.activity = activity
         self.clock = clock

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 
@@ -30,7 +32,8 @@ def free_port() -> int:
 class ServerProcess:
     """``python -m phloem serve`` on a free loopback port, for tests that speak real HTTP."""
 
-    def __init__(self, *flags: str) -> None:
+    def __init__(self, *flags: str, log: Any = None) -> None:
+        """``log``: a file for the server's stderr (its log), instead of the test's."""
         import subprocess
         import sys
 
@@ -38,6 +41,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "phloem", "serve", "--port", str(self.port), "--log-level", "warning", *flags],
+            stderr=log,
         )
 
     def wait_ready(self, timeout: float = 180.0) -> None:
