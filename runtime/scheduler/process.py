@@ -1,7 +1,9 @@
 """③ The scheduler process: owns the model runner, the caches and the ``Scheduler``; speaks ZMQ.
 
 The ``Scheduler`` class is pure bookkeeping; this module turns messages into calls on it, sends
-control replies and periodic stats to the tokenizer manager, and keeps the loop alive.
+control replies and periodic stats to the tokenizer manager, and keeps the loop alive. A heartbeat
+thread (``heartbeat.py``) tells the manager the process lives and how old the loop's last iteration
+is, and ends the process when one iteration never ends (``--watchdog-timeout``).
 """
 
 from __future__ import annotations
