@@ -178,11 +178,12 @@ async def health(request: Request) -> Response:
     heartbeat, or a loop that stopped moving; a broken engine: what broke it)."""
     tm = get_tm(request)
     state = tm.health()
-    body = {"status": state}
+    return JSONResponse(_state_body(tm, state), status_code=200 if state == "serving" else 503)
+
+
+def _state_body(tm: Any, state: str) -> dict[str, str]:
     message = tm.health_message() if state != "serving" else ""
-    if message:
-        body["message"] = message
-    return JSONResponse(body, status_code=200 if state == "serving" else 503)
+    return {"status": state, "message": message} if message else {"status": state}
 
 
 @router.get("/health_generate")
@@ -191,7 +192,7 @@ async def health_generate(request: Request) -> Response:
     tm = get_tm(request)
     state = tm.health()
     if state != "serving":
-        return JSONResponse({"status": state}, status_code=503)
+        return JSONResponse(_state_body(tm, state), status_code=503)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
     req = GenerateRequest(text="Hello", sampling_params=params, rid=f"health-{uuid.uuid4().hex}")
     run = RequestRun(tm, [req])

@@ -201,3 +201,20 @@ def test_server_info_gives_up_waiting_once_the_heartbeat_goes_quiet():
     assert time.monotonic() - start < 1.0
     assert info["status"] == "serving" and info["live"] is None
     assert info["live_unavailable"] == f"the scheduler did not answer: no heartbeat for {silent_for:.1f} s"
+
+
+def test_the_scheduler_names_the_step_it_is_in_for_the_watchdog():
+    from tests.unit.test_scheduler_loop import FakeRunner, Harness
+
+    seen: list[str] = []
+
+    class Recording(FakeRunner):
+        def forward(self, fi):
+            seen.append(watch.describe())  # what a beat during this forward pass would report
+            return super().forward(fi)
+
+    h = Harness(pool=4096, overlap=False, runner=Recording(4097))
+    watch = LoopWatch(lambda: h.s.doing)
+    h.add("r", list(range(100, 110)), max_new=3)
+    h.run()
+    assert seen[0] == "launch EXTEND" and seen[1:] == ["launch DECODE"] * (len(seen) - 1) and len(seen) > 1

@@ -319,6 +319,8 @@ def test_health_is_503_while_the_scheduler_is_stalled_and_200_when_beats_resume(
     r = client.get("/health")
     assert r.status_code == 503
     assert r.json() == {"status": "stalled", "message": "no scheduler heartbeat for 12.3 s"}
+    r = client.get("/health_generate")
+    assert r.status_code == 503 and r.json()["status"] == "stalled" and tm.requests == []
     tm.liveness.beat(loop_age=0.0)
     r = client.get("/health")
     assert r.status_code == 200 and r.json() == {"status": "serving"}
