@@ -146,7 +146,7 @@ class Heartbeat(msgspec.Struct, tag=True, kw_only=True):
     manager tells a stopped or frozen process (no beats) from a busy one (beats, growing loop age)."""
 
     loop_age: float  # seconds since the scheduler loop last completed an iteration
-    doing: str = ""  # what the loop is in the middle of ("process DECODE batch", "handle FlushCacheReq")
+    doing: str = ""  # what the loop is in the middle of ("process DECODE", "handle FlushCacheReq")
 
 
 ToTokenizerManager = BatchStrOut | Ready | ControlReply | SchedulerStats | Heartbeat

@@ -1,7 +1,7 @@
 """The scheduler process's heartbeat and watchdog (docs/design.md §8).
 
-The loop stamps ``LoopWatch.passed`` after every iteration and names what it is doing in
-``LoopWatch.doing``. A daemon thread (``HeartbeatThread``) sends the tokenizer manager a
+The loop stamps ``LoopWatch.passed`` each iteration and names what it is doing in
+``Scheduler.doing`` (read through ``LoopWatch.activity``). A daemon thread (``HeartbeatThread``) sends the tokenizer manager a
 ``Heartbeat`` every ``HEARTBEAT_INTERVAL_S`` carrying the loop's age. The thread runs while a step
 does (torch releases the GIL in its kernels), so beats mean "the process is alive" and the age says
 whether the loop moves; a stopped or frozen process sends none, which the manager notices itself.
@@ -31,7 +31,7 @@ class LoopWatch:
     """When the loop last completed an iteration, and what it is doing now: written by the loop,
     read by the heartbeat thread (plain attribute stores, atomic under the GIL).
 
-    ``activity`` returns a ``(verb, object)`` pair such as ``("process", "DECODE batch")``, which the
+    ``activity`` returns a ``(verb, object)`` pair such as ``("process", "DECODE")``, which the
     loop keeps unformatted (``Scheduler.doing``): formatting happens only when a beat reads it."""
 
     def __init__(

@@ -357,7 +357,7 @@ class TokenizerManager:
         reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600)
         return reply.ok, reply.message
 
-    async def _control(self, msg: Any, timeout: float = 30.0) -> ControlReply:
+    async def _control(self, msg: Any, timeout: float = CONTROL_TIMEOUT_S) -> ControlReply:
         if self._status == "broken":
             return ControlReply(req_id=msg.req_id, ok=False, message=f"engine failure: {self._broken_reason}")
         fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
