@@ -203,8 +203,10 @@ class _NullSocket:
 
 def fake_scheduler_process(ipc: Any, parent_pid: int, step_s: float, stats_path: str) -> None:
     """Stands in for the scheduler process: admits every request at once and decodes
-    ``max_new_tokens`` synthetic tokens per request, one step every ``step_s`` seconds."""
+    ``max_new_tokens`` synthetic tokens per request, one step every ``step_s`` seconds. It beats
+    as the real one does, so the manager's watchdog does not give up on it."""
     import zmq
+    from phloem.runtime.config import EngineArgs
     from phloem.runtime.ipc import pull_socket, push_socket
     from phloem.runtime.messages import (
         Codec,
@@ -222,6 +224,12 @@ def fake_scheduler_process(ipc: Any, parent_pid: int, step_s: float, stats_path:
     inp = pull_socket(ctx, ipc.scheduler)
     codec_in, codec_detok = Codec(ToScheduler), Codec(ToDetokenizer)
     sends: list[float] = []
+    from phloem.runtime.scheduler.heartbeat import HeartbeatThread, LoopWatch
+    from phloem.runtime.scheduler.process import heartbeat_sender
+
+    watch = LoopWatch()
+    beats = heartbeat_sender(ctx, ipc.tokenizer_manager)
+    HeartbeatThread(watch, beats, watchdog_timeout=EngineArgs().watchdog_timeout).start()
 
     def send(msg: Any) -> None:
         t = time.perf_counter()
@@ -237,6 +245,7 @@ def fake_scheduler_process(ipc: Any, parent_pid: int, step_s: float, stats_path:
     running: list[tuple[Any, list[int]]] = []
     n_reqs = 0
     while True:
+        watch.stamp()
         timeout = 0 if running else 200
         while inp.poll(timeout):
             timeout = 0

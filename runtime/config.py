@@ -121,6 +121,10 @@ class EngineArgs:
     )  # fmt: skip
     log_level: str = _opt("info", "log level", ("debug", "info", "warning", "error"))
     log_requests: bool = _opt(False, "log every request")
+    watchdog_timeout: float = _opt(
+        300.0, "seconds one scheduler step may run (or the scheduler stay silent) before the engine "
+        "counts as hung: the scheduler, or else the server, logs why and exits non-zero",
+    )  # fmt: skip
     metrics_prefix: str = _opt(
         "phloem", "prefix of the /metrics names (sglang: the names dashboards built for SGLang read)",
         ("phloem", "sglang"),

@@ -4,7 +4,8 @@
 model, loads the tokenizer in this process, starts both children (spawn, never fork: torch and
 ZMQ state must not be inherited), and returns a started ``TokenizerManager`` plus a handle that
 shuts everything down. A watchdog marks the manager broken within about a second of a child's
-death, which fails every pending request with an error.
+death, or once the scheduler has sent no heartbeat for ``--watchdog-timeout`` seconds (a stopped or
+frozen process cannot exit by itself), which fails every pending request with an error.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
+import time
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -23,6 +25,7 @@ from phloem.runtime.tokenizer.manager import TokenizerManager
 logger = logging.getLogger("phloem.launch")
 
 WATCHDOG_INTERVAL_S = 0.5
+TERM_GRACE_S = 2.0  # after SIGTERM, before SIGKILL (which a stopped process needs)
 
 
 @dataclass
@@ -37,14 +40,25 @@ class EngineProcesses:
         return [f"{p.name} (exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
 
     def terminate(self, timeout: float = 5.0) -> None:
+        """Wait up to ``timeout`` seconds in all for the children to exit (they were told to shut
+        down), then SIGTERM the rest, then SIGKILL what still lives: a stopped (SIGSTOP) or frozen
+        child never acts on SIGTERM, and must not outlive this process."""
+        self._join_all(timeout)
         for p in self.procs:
-            p.join(timeout=timeout if p.is_alive() else 0)
             if p.is_alive():
                 p.terminate()
-                p.join(timeout=2)
+        self._join_all(TERM_GRACE_S)
+        for p in self.procs:
             if p.is_alive():
+                logger.warning("%s (pid %s) did not exit; killing it", p.name, p.pid)
                 p.kill()
+                p.join(timeout=TERM_GRACE_S)
         self.ipc.cleanup()
+
+    def _join_all(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.procs:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
 
 
 def start_processes(args: EngineArgs, model_source: Any) -> EngineProcesses:
@@ -134,6 +148,8 @@ def check_supported(args: EngineArgs) -> None:
         raise ValueError(
             f"--continuous-decode-budget-ms must be >= 0, got {args.continuous_decode_budget_ms}"
         )
+    if not args.watchdog_timeout > 0:
+        raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {args.watchdog_timeout}")
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
         raise ValueError(
             f"--mem-fraction-static is a fraction of the device's memory in (0, 1], got {args.mem_fraction_static}"
@@ -148,10 +164,17 @@ def check_supported(args: EngineArgs) -> None:
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:
+    """Mark the manager broken (it logs why) when a child died or the scheduler went silent."""
     while True:
         await asyncio.sleep(WATCHDOG_INTERVAL_S)
-        if not procs.all_alive() and tm.health() != "shutting_down":
+        if tm.health() == "shutting_down":
+            continue
+        if not procs.all_alive():
             tm.mark_broken("child process died: " + ", ".join(procs.dead()))
+            return
+        lost = tm.heartbeat_lost()
+        if lost:
+            tm.mark_broken(f"the scheduler is hung: {lost}")
             return
 
 

@@ -6,7 +6,7 @@ Channels (all ZMQ PUSH -> PULL over ``ipc://`` sockets made by ``launch.py``)::
     TokenizerManager  -> scheduler         ToScheduler (generate, abort, flush, stats, weights, shutdown)
     scheduler         -> detokenizer       ToDetokenizer (BatchTokenOut)
     detokenizer       -> TokenizerManager  ToTokenizerManager (BatchStrOut, Ready)
-    scheduler         -> TokenizerManager  ToTokenizerManager (Ready, control replies, SchedulerStats)
+    scheduler         -> TokenizerManager  ToTokenizerManager (Ready, control replies, SchedulerStats, Heartbeat)
 
 Every message is a ``msgspec.Struct`` with a tag; each receiver decodes the union of what it may
 receive. No pickle crosses a process boundary. A request's ``SamplingParams`` (also a Struct)
@@ -144,7 +144,15 @@ class SchedulerStats(msgspec.Struct, tag=True, kw_only=True):
     grammar_compilation_times: list[float] = []  # seconds of each compile since the last message
 
 
-ToTokenizerManager = BatchStrOut | Ready | ControlReply | SchedulerStats
+class Heartbeat(msgspec.Struct, tag=True, kw_only=True):
+    """Sent about once a second by a thread of the scheduler process, also while a step runs: the
+    manager tells a stopped or frozen process (no beats) from a busy one (beats, growing loop age)."""
+
+    loop_age: float  # seconds since the scheduler loop last completed an iteration
+    doing: str = ""  # what the loop is in the middle of ("process DECODE", "handle FlushCacheReq")
+
+
+ToTokenizerManager = BatchStrOut | Ready | ControlReply | SchedulerStats | Heartbeat
 
 
 class Codec:

@@ -8,6 +8,9 @@ never collide in the global registry. Two feeds update it:
 - the tokenizer manager calls ``observe_request`` once per finished request (latency histograms and
   the request/token counters).
 
+Two gauges say how fresh the scheduler's figures are: the Unix time of the last stats dict, and the
+seconds since the scheduler's newest heartbeat, read at scrape time (``watch_heartbeat``).
+
 Every metric is named ``<prefix>:<name>`` and labelled with ``model_name``; the prefix is ``phloem``,
 or ``sglang`` (``--metrics-prefix``), whose names are the same, so dashboards built for SGLang read
 them.
@@ -15,7 +18,8 @@ them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -34,6 +38,11 @@ SCHEDULER_GAUGES: dict[str, str] = {
     "gen_throughput": "Decode throughput in tokens per second",
     "spec_accept_length": "Mean accepted draft length per verify step",
     "decode_step_ms": "Measured wall time of one decode step, which sets continuous decode's steps per launch",
+}
+# name -> help. How fresh the scheduler's figures are (set by ``ServerMetrics`` itself).
+FRESHNESS_GAUGES: dict[str, str] = {
+    "scheduler_stats_timestamp_seconds": "Unix time of the last scheduler stats update (the gauges above)",
+    "scheduler_heartbeat_age_seconds": "Seconds since the scheduler's newest heartbeat, at scrape time",
 }
 # name -> help. Cumulative totals in the scheduler's stats dict; advanced by their delta.
 SCHEDULER_COUNTERS: dict[str, str] = {
@@ -122,6 +131,15 @@ class ServerMetrics:
             for n, (h, b) in HISTOGRAMS.items()
         }
         self._last_totals: dict[str, float] = {}
+        fresh = {n: Gauge(head + n, h, labels, registry=reg).labels(model_name) for n, h in FRESHNESS_GAUGES.items()}
+        self._stats_time = fresh["scheduler_stats_timestamp_seconds"]
+        self._heartbeat_age = fresh["scheduler_heartbeat_age_seconds"]
+        self.wall_clock: Callable[[], float] = time.time  # replaceable in tests
+        self.watch_heartbeat(lambda: float("nan"))  # unknown until a heartbeat source is attached
+
+    def watch_heartbeat(self, age: Callable[[], float]) -> None:
+        """Read the heartbeat age gauge from ``age()`` (seconds) at every scrape."""
+        self._heartbeat_age.set_function(age)
 
     def update_scheduler_stats(self, stats: Mapping[str, Any]) -> None:
         """Apply one stats dict from the scheduler.
@@ -130,8 +148,9 @@ class ServerMetrics:
         cumulative totals since the scheduler started, and the counter advances by the increase
         since the previous dict (a total lower than before means the scheduler restarted: the new
         total is the increase). ``grammar_compilation_times`` (a list of seconds, optional) feeds its
-        histogram. Unknown keys and ``None`` values are ignored.
+        histogram. Unknown keys and ``None`` values are ignored. The stats timestamp becomes now.
         """
+        self._stats_time.set(self.wall_clock())
         for name, gauge in self._gauges.items():
             value = stats.get(name)
             if value is not None:

@@ -1,7 +1,9 @@
 """③ The scheduler process: owns the model runner, the caches and the ``Scheduler``; speaks ZMQ.
 
 The ``Scheduler`` class is pure bookkeeping; this module turns messages into calls on it, sends
-control replies and periodic stats to the tokenizer manager, and keeps the loop alive.
+control replies and periodic stats to the tokenizer manager, and keeps the loop alive. A heartbeat
+thread (``heartbeat.py``) tells the manager the process lives and how old the loop's last iteration
+is, and ends the process when one iteration never ends (``--watchdog-timeout``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from phloem.runtime.messages import (
     ControlReply,
     FlushCacheReq,
     GetStatsReq,
+    Heartbeat,
     Ready,
     SchedulerStats,
     ShutdownReq,
@@ -34,6 +37,7 @@ from phloem.runtime.messages import (
     UpdateWeightsReq,
 )
 from phloem.runtime.sampling.stop import StopChecker
+from phloem.runtime.scheduler.heartbeat import HeartbeatThread, LoopWatch
 from phloem.runtime.scheduler.req import Req
 from phloem.runtime.scheduler.scheduler import Scheduler, StepTimes
 
@@ -79,6 +83,7 @@ class SchedulerProcess:
         self.codec_in = Codec(ToScheduler)
         self.codec_tm = Codec(ToTokenizerManager)
         self.running = True
+        self.watch = LoopWatch(lambda: scheduler.doing)
         self._last_stats = 0.0
         self._idle_checked = True
         self._received = 0  # messages handled by the last receive()
@@ -96,8 +101,10 @@ class SchedulerProcess:
         trace = LoopTrace.from_env()
         self.scheduler.record_step_times = trace is not None
         while self.running:
+            self.watch.stamp()  # one iteration completed (the heartbeat reports its age)
             idle = self.scheduler.is_idle
             t0 = time.perf_counter()
+            self.scheduler.doing = ("receive", "")
             arrived = self.receive(block=idle)
             t1 = time.perf_counter()
             busy = self.scheduler.step()
@@ -133,6 +140,7 @@ class SchedulerProcess:
         while self.inp.poll(timeout):
             for frame in self.inp.recv_multipart():
                 msg = self.codec_in.decode(frame)
+                self.scheduler.doing = ("handle", type(msg).__name__)
                 self.handlers[type(msg)](msg)
                 self._received += 1
             timeout = 0
@@ -186,6 +194,22 @@ class SchedulerProcess:
         self.to_tm.send(self.codec_tm.encode(msg))
 
 
+def heartbeat_sender(ctx: zmq.Context, endpoint: str) -> Any:
+    """A send function for the heartbeat thread: its socket is made on first use, on that thread,
+    which alone uses it (ZMQ sockets are not shared between threads). Never blocks: a beat the
+    manager is not reading is dropped."""
+    codec = Codec(ToTokenizerManager)
+    sock: zmq.Socket | None = None
+
+    def send(msg: Heartbeat) -> None:
+        nonlocal sock
+        if sock is None:
+            sock = push_socket(ctx, endpoint)
+        sock.send(codec.encode(msg), flags=zmq.NOBLOCK)
+
+    return send
+
+
 def freeze_startup_heap() -> int:
     """Put every object alive after start-up (model modules, tokenizer tables, caches) out of the
     cyclic collector's reach, and return how many there are.
@@ -224,9 +248,15 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
         return
     frozen = freeze_startup_heap()
     info = {**runtime.info, "pid": os.getpid(), "gc_frozen_objects": frozen}
+    heartbeat = HeartbeatThread(
+        proc.watch, heartbeat_sender(ctx, ipc.tokenizer_manager), watchdog_timeout=args.watchdog_timeout
+    )
+    proc.watch.stamp()
+    heartbeat.start()  # before Ready: the manager counts silence from the moment it is serving
     to_tm.send(codec_tm.encode(Ready(who="scheduler", info=info)))
     try:
         proc.loop(parent_pid)
     finally:
+        heartbeat.stop()
         scheduler.worker.close()
         runtime.cache.close()  # finishes queued storage writes

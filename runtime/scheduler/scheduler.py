@@ -120,6 +120,9 @@ class Scheduler:
         self.clock = time.perf_counter  # replaceable in tests
         self.last_step = StepTimes("", 0, 0.0, 0.0, 0.0)
         self.record_step_times = False  # fill last_step each step (the loop trace turns it on)
+        # What the loop is in the middle of, as (verb, batch mode): the watchdog names it when a
+        # step never returns (``heartbeat.LoopWatch``). Kept as a tuple: no formatting per step.
+        self.doing: tuple[str, str] = ("", "")
         self.prefill_step = PrefillStep(self)
         self.decode_step = DecodeStep(self)
         self.kinds = self._step_kinds()
@@ -178,6 +181,7 @@ class Scheduler:
     # ================================================================== the loop
     def step(self) -> bool:
         """One iteration after messages were received. Returns False when there was nothing to do."""
+        self.doing = ("schedule", "")
         if self.grammar is not None:
             self.waiting.extend(self.grammar.ready(self))
         t0 = time.perf_counter()  # not self.clock: tests script that one
@@ -185,6 +189,7 @@ class Scheduler:
         late_mask: Future[Any] | None = None
         t1 = time.perf_counter()
         if batch is not None:
+            self.doing = ("launch", batch.mode.name)
             mask, late_mask = self._grammar_mask(batch)
             self.inflight.append((batch, self.launch(batch, mask)))
         t2 = time.perf_counter()
@@ -242,6 +247,7 @@ class Scheduler:
     def _process_oldest(self) -> None:
         batch, fut = self.inflight.popleft()
         assert batch.kind is not None
+        self.doing = ("process", batch.mode.name)
         batch.kind.process(batch, fut)
 
     # ================================================================== shared by the step kinds

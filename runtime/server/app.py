@@ -3,7 +3,8 @@
 ``create_app(tm)`` builds the ASGI app (routes in ``native.py``, ``openai_api.py`` and ``tool_routes.py``).
 ``run_server(args)`` starts the engine, serves until SIGTERM/SIGINT (in-flight requests get an
 abort error, the server drains for a few seconds) or until the engine breaks (a child process
-died: the server exits non-zero within about a second).
+died, or the scheduler was silent for ``--watchdog-timeout``: the server exits non-zero within
+seconds, its children killed).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ def create_app(tm: Any) -> FastAPI:
     if getattr(tm, "metrics", None) is None:
         prefix = getattr(getattr(tm, "args", None), "metrics_prefix", "phloem")
         tm.metrics = ServerMetrics(native.served_model_name(tm), prefix=prefix)
+        if hasattr(tm, "heartbeat_age"):
+            tm.metrics.watch_heartbeat(tm.heartbeat_age)
     app = FastAPI(title="phloem", version=__version__, redoc_url=None)
     app.state.tm = tm
     install_error_handlers(app)
@@ -197,7 +200,8 @@ def check_port_free(host: str, port: int) -> None:
 
 
 async def _watchdog(server: _Server, tm: Any) -> None:
-    """Stop the server at once when the engine breaks (a child process died)."""
+    """Stop the server at once when the engine breaks (a child process died, or the scheduler sent
+    no heartbeat for ``--watchdog-timeout``: ``launch._watchdog``)."""
     while not server.should_exit:
         if tm.health() == "broken":
             logger.error("engine is broken; stopping the server")

@@ -58,9 +58,12 @@ def get_tm(request: Request) -> Any:
 
 
 def require_serving(tm: Any) -> None:
+    """503 unless the engine serves: starting, stalled (the scheduler stopped beating), shutting
+    down or broken. A stalled engine would leave the request waiting with no answer."""
     state = tm.health()
     if state != "serving":
-        raise ApiError(503, f"server is not serving requests (state: {state})")
+        why = tm.health_message()
+        raise ApiError(503, f"server is not serving requests (state: {state})" + (f": {why}" if why else ""))
 
 
 def to_api_error(exc: BaseException, tm: Any) -> ApiError:
@@ -68,7 +71,7 @@ def to_api_error(exc: BaseException, tm: Any) -> ApiError:
         return exc
     if isinstance(exc, InvalidRequest):
         return from_invalid_request(exc)
-    status = 503 if tm.health() in ("shutting_down", "broken") else 500
+    status = 503 if tm.health() in ("stalled", "shutting_down", "broken") else 500
     return internal_error(exc, "a request", status)
 
 
@@ -176,8 +179,16 @@ async def _generate_chunks(
 # ---- health and info -----------------------------------------------------------------------------
 @router.get("/health")
 async def health(request: Request) -> Response:
-    state = get_tm(request).health()
-    return JSONResponse({"status": state}, status_code=200 if state == "serving" else 503)
+    """200 while serving; else 503 with the state and, when known, why (a stalled scheduler: no
+    heartbeat, or a loop that stopped moving; a broken engine: what broke it)."""
+    tm = get_tm(request)
+    state = tm.health()
+    return JSONResponse(_state_body(tm, state), status_code=200 if state == "serving" else 503)
+
+
+def _state_body(tm: Any, state: str) -> dict[str, str]:
+    message = tm.health_message() if state != "serving" else ""
+    return {"status": state, "message": message} if message else {"status": state}
 
 
 @router.get("/health_generate")
@@ -186,7 +197,7 @@ async def health_generate(request: Request) -> Response:
     tm = get_tm(request)
     state = tm.health()
     if state != "serving":
-        return JSONResponse({"status": state}, status_code=503)
+        return JSONResponse(_state_body(tm, state), status_code=503)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
     req = GenerateRequest(text="Hello", sampling_params=params, rid=f"health-{uuid.uuid4().hex}")
     run = RequestRun(tm, [req])
@@ -277,6 +288,7 @@ async def flush_cache(request: Request) -> Response:
     timeout = _query_timeout(request)
     if request.method == "POST" and timeout is None:
         timeout = (await parse_body(request, FlushCacheBody)).timeout
+    require_serving(get_tm(request))
     ok = await get_tm(request).flush_cache(timeout)
     if not ok:
         raise ApiError(400, "cannot flush the cache while requests are running")
@@ -313,6 +325,7 @@ async def abort_request(request: Request) -> Response:
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request) -> Response:
     body = await parse_body(request, UpdateWeightsFromDiskBody)
+    require_serving(get_tm(request))
     ok, message = await get_tm(request).update_weights_from_disk(body.model_path)
     return JSONResponse({"success": bool(ok), "message": message}, status_code=200 if ok else 400)
 
@@ -320,6 +333,7 @@ async def update_weights_from_disk(request: Request) -> Response:
 @router.post("/update_weights_from_tensor")
 async def update_weights_from_tensor(request: Request) -> Response:
     body = await parse_body(request, UpdateWeightsFromTensorBody)
+    require_serving(get_tm(request))
     ok, message = await get_tm(request).update_weights_from_tensor(body.tensor_file)
     return JSONResponse({"success": bool(ok), "message": message}, status_code=200 if ok else 400)
 

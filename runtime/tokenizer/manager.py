@@ -30,6 +30,7 @@ from phloem.runtime.messages import (
     ControlReply,
     FlushCacheReq,
     GetStatsReq,
+    Heartbeat,
     Ready,
     ReqStrOut,
     SchedulerStats,
@@ -41,10 +42,16 @@ from phloem.runtime.messages import (
 )
 from phloem.runtime.sampling.params import validate_token_ids
 from phloem.runtime.tokenizer.batch_encoder import BatchEncoder
+from phloem.runtime.tokenizer.liveness import Liveness
 from phloem.runtime.tokenizer.prompt_length import PromptTooLong, encode_within
 from phloem.runtime.tokenizer.request import GenerateRequest
 
 logger = logging.getLogger("phloem.tokenizer_manager")
+
+# /server_info waits for the scheduler's live stats while it keeps beating (it answers between
+# steps, and one step may be long), but gives up after this much silence: beats come every second.
+SERVER_INFO_SILENCE_S = 2.0
+CONTROL_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -88,6 +95,7 @@ class TokenizerManager:
         self.live_stats: dict[str, float] = {}
         self._status = "starting"
         self._broken_reason = ""
+        self.liveness = Liveness(watchdog_s=args.watchdog_timeout)
         self._ctrl_ids = itertools.count(1)
         self._ctrl_waiters: dict[int, asyncio.Future[ControlReply]] = {}
         self._ready: dict[str, Ready] = {}
@@ -125,10 +133,29 @@ class TokenizerManager:
         if errors:
             raise RuntimeError("engine failed to start: " + "; ".join(errors))
         self.scheduler_info = dict(self._ready["scheduler"].info)
+        self.liveness.beat()  # silence counts from now: start-up (model load, warm-up) is not a stall
         self._status = "serving"
 
     def health(self) -> str:
+        """``starting``, ``serving``, ``stalled`` (serving, but the scheduler stopped beating or its
+        loop stopped moving: see ``Liveness``), ``shutting_down`` or ``broken``."""
+        if self._status == "serving" and self.liveness.stall():
+            return "stalled"
         return self._status
+
+    def health_message(self) -> str:
+        """Why the state is not ``serving`` ("" when nothing more than the state is known)."""
+        if self._status == "broken":
+            return self._broken_reason
+        return self.liveness.stall() if self._status == "serving" else ""
+
+    def heartbeat_age(self) -> float:
+        """Seconds since the scheduler's newest heartbeat."""
+        return self.liveness.silence()
+
+    def heartbeat_lost(self) -> str:
+        """Why the scheduler is given up on (silent for the watchdog timeout), or ""."""
+        return self.liveness.lost() if self._status == "serving" else ""
 
     def mark_broken(self, reason: str) -> None:
         """A child died: fail every pending request loudly and refuse new ones."""
@@ -167,7 +194,7 @@ class TokenizerManager:
     async def _prompt_ids(self, req: GenerateRequest) -> list[int] | None:
         """The text prompt's ids (:meth:`encode_prompt`); None when :meth:`tokenize_request`
         needs nothing encoded (ids given, or it will refuse the request)."""
-        if self._status != "serving" or req.input_ids is not None or req.text is None:
+        if self.health() != "serving" or req.input_ids is not None or req.text is None:
             return None
         return await self.encode_prompt(req.text)
 
@@ -192,8 +219,10 @@ class TokenizerManager:
     def tokenize_request(self, req: GenerateRequest, text_ids: list[int] | None = None) -> TokenizedGenerateReq:
         """Validate and tokenize (``text_ids``: the text already encoded); raises InvalidRequest
         naming the field."""
-        if self._status != "serving":
-            raise InvalidRequest("", f"server is {self._status}" + (f": {self._broken_reason}" if self._broken_reason else ""))
+        state = self.health()
+        if state != "serving":
+            why = self.health_message()
+            raise InvalidRequest("", f"server is {state}" + (f": {why}" if why else ""))
         if req.input_ids is not None:
             ids = list(req.input_ids)
             validate_token_ids(ids, self.vocab_size, "input_ids")
@@ -301,22 +330,49 @@ class TokenizerManager:
             await asyncio.sleep(0.05)
 
     async def get_server_info(self) -> dict[str, Any]:
-        reply = await self._control(GetStatsReq(req_id=next(self._ctrl_ids)))
-        live = reply.data or {}
+        """The configuration, the scheduler's start-up info and its live stats. When the scheduler
+        does not answer (stalled, broken), the rest comes at once with ``live`` None and
+        ``live_unavailable`` saying why."""
+        live, unavailable = await self._live_stats()
         resolved = {k: self.model_info[k] for k in ("model_path", "tokenizer_path") if self.model_info.get(k)}
+        figures = live or {}
         return {
             **self.args.public_dict(),  # never a secret (--api-key)
             **self.scheduler_info,
             **resolved,  # the files the model came from, not the (possibly empty) flag
-            "status": self._status,
+            "status": self.health(),
             "live": live,
+            **({"live_unavailable": unavailable} if live is None else {}),
             # per scheduler, the figures SGLang's clients read under these names
             "internal_states": [{
-                "avg_spec_accept_length": live.get("spec_accept_length", 0.0),
-                "last_gen_throughput": live.get("gen_throughput", 0.0),
+                "avg_spec_accept_length": figures.get("spec_accept_length", 0.0),
+                "last_gen_throughput": figures.get("gen_throughput", 0.0),
             }],
             "version": _version(),
         }  # fmt: skip
+
+    async def _live_stats(self) -> tuple[dict[str, Any] | None, str]:
+        """(the scheduler's live stats, "") or (None, why there are none)."""
+        state = self.health()
+        if state in ("stalled", "broken"):
+            return None, f"the server is {state}: {self.health_message()}"
+        msg = GetStatsReq(req_id=next(self._ctrl_ids))
+        fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
+        self._ctrl_waiters[msg.req_id] = fut
+        deadline = time.monotonic() + CONTROL_TIMEOUT_S
+        try:
+            self._send(msg)
+            while not fut.done():
+                await asyncio.wait([fut], timeout=0.1)
+                silence = self.liveness.silence()
+                if not fut.done() and silence > SERVER_INFO_SILENCE_S:
+                    return None, f"the scheduler did not answer: no heartbeat for {silence:.1f} s"
+                if not fut.done() and time.monotonic() > deadline:
+                    return None, f"the scheduler did not answer within {CONTROL_TIMEOUT_S:g} s"
+        finally:
+            self._ctrl_waiters.pop(msg.req_id, None)
+        reply = fut.result()
+        return (reply.data, "") if reply.ok else (None, reply.message)
 
     async def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
         reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600)
@@ -326,7 +382,7 @@ class TokenizerManager:
         reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600)
         return reply.ok, reply.message
 
-    async def _control(self, msg: Any, timeout: float = 30.0) -> ControlReply:
+    async def _control(self, msg: Any, timeout: float = CONTROL_TIMEOUT_S) -> ControlReply:
         if self._status == "broken":
             return ControlReply(req_id=msg.req_id, ok=False, message=f"engine failure: {self._broken_reason}")
         fut: asyncio.Future[ControlReply] = asyncio.get_running_loop().create_future()
@@ -382,6 +438,8 @@ class TokenizerManager:
         if isinstance(msg, BatchStrOut):
             for o in msg.outs:
                 self._on_output(o)
+        elif isinstance(msg, Heartbeat):
+            self.liveness.beat(msg.loop_age, msg.doing)
         elif isinstance(msg, SchedulerStats):
             self.live_stats = msg.stats
             if self.metrics is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from phloem.runtime.metrics import HISTOGRAMS, SCHEDULER_GAUGES, ServerMetrics
+import math
+
+from phloem.runtime.metrics import FRESHNESS_GAUGES, HISTOGRAMS, SCHEDULER_GAUGES, ServerMetrics
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -21,6 +23,7 @@ def test_every_design_metric_is_exposed_with_prefix_and_model_label():
     fams = families(ServerMetrics("m1"))
     for name in [
         *SCHEDULER_GAUGES,
+        *FRESHNESS_GAUGES,
         *HISTOGRAMS,
         "num_retracted_reqs",
         "prompt_tokens",
@@ -75,6 +78,41 @@ def test_grammar_compilation_times_from_stats():
     m = ServerMetrics()
     m.update_scheduler_stats({"grammar_compilation_times": [0.1, 0.3]})
     assert value(m, "phloem:grammar_compilation_time_seconds", "_count") == 2
+
+
+def test_the_stats_timestamp_is_the_wall_time_of_the_last_update():
+    m = ServerMetrics()
+    assert value(m, "phloem:scheduler_stats_timestamp_seconds") == 0  # never updated
+    m.wall_clock = lambda: 1_760_000_000.5
+    m.update_scheduler_stats({"num_running_reqs": 1})
+    assert value(m, "phloem:scheduler_stats_timestamp_seconds") == 1_760_000_000.5
+    m.wall_clock = lambda: 1_760_000_001.5
+    m.update_scheduler_stats({})
+    assert value(m, "phloem:scheduler_stats_timestamp_seconds") == 1_760_000_001.5
+
+
+def test_the_heartbeat_age_is_read_at_scrape_time():
+    m = ServerMetrics()
+    assert math.isnan(value(m, "phloem:scheduler_heartbeat_age_seconds"))  # no source yet
+    age = [0.4]
+    m.watch_heartbeat(lambda: age[0])
+    assert value(m, "phloem:scheduler_heartbeat_age_seconds") == 0.4
+    age[0] = 7.25
+    assert value(m, "phloem:scheduler_heartbeat_age_seconds") == 7.25
+
+
+def test_the_server_exposes_the_managers_heartbeat_age():
+    from phloem.runtime.server.app import create_app
+    from starlette.testclient import TestClient
+
+    from tests.unit.test_server_fake_tm import FakeTokenizerManager
+
+    tm = FakeTokenizerManager(metrics_prefix="sglang")
+    client = TestClient(create_app(tm))
+    tm.now += 3.5  # seconds since the newest heartbeat
+    fams = {f.name: f for f in text_string_to_metric_families(client.get("/metrics").text)}
+    assert fams["sglang:scheduler_heartbeat_age_seconds"].samples[0].value == 3.5
+    assert "sglang:scheduler_stats_timestamp_seconds" in fams
 
 
 def test_registries_are_private():

@@ -11,6 +11,9 @@ Marker words in the prompt change the behaviour:
 - ``BADPROMPT``: ``tm.generate`` raises ``InvalidRequest("text", ...)``
 - ``SLOW``: sleeps 50 ms per token (for disconnect and abort tests)
 - ``TOOLCALL``: the output is text then a tool call in the ``qwen`` format (``TOOL_TEXT``)
+
+The scheduler's heartbeat is a real ``Liveness`` on a clock the test moves (``tm.now``): advance it
+past the thresholds to make the engine stalled, ``tm.liveness.beat()`` to revive it.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from fastapi.testclient import TestClient
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.server.app import create_app
+from phloem.runtime.tokenizer.liveness import Liveness
 from phloem.runtime.tokenizer.request import GenerateRequest
 
 VOCAB = 1000
@@ -68,6 +72,9 @@ class FakeTokenizerManager:
         }
         self.metrics: Any = None
         self.status = "serving"
+        self.broken_reason = ""
+        self.now = 0.0  # the heartbeat clock, in seconds
+        self.liveness = Liveness(watchdog_s=self.args.watchdog_timeout, clock=lambda: self.now)
         self.requests: list[GenerateRequest] = []
         self.running: dict[str, bool] = {}  # rid -> abort requested
         self.cancelled: list[str] = []
@@ -78,7 +85,17 @@ class FakeTokenizerManager:
 
     # ---- generation
     def health(self) -> str:
+        if self.status == "serving" and self.liveness.stall():
+            return "stalled"
         return self.status
+
+    def health_message(self) -> str:
+        if self.status == "broken":
+            return self.broken_reason
+        return self.liveness.stall() if self.status == "serving" else ""
+
+    def heartbeat_age(self) -> float:
+        return self.liveness.silence()
 
     def _prompt_ids(self, req: GenerateRequest) -> list[int]:
         if self.status != "serving":
@@ -178,7 +195,7 @@ class FakeTokenizerManager:
     async def get_server_info(self) -> dict[str, Any]:
         return {
             **self.args.to_dict(),
-            "status": self.status,
+            "status": self.health(),
             "live": {"num_running_reqs": len(self.running)},
             "version": "test",
         }

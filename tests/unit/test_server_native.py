@@ -373,6 +373,50 @@ def test_health_and_health_generate():
     assert client.get("/health_generate").status_code == 503
 
 
+def test_health_is_503_while_the_scheduler_is_stalled_and_200_when_beats_resume():
+    client, tm = make_client()
+    tm.now += 12.3  # no heartbeat for 12.3 s
+    r = client.get("/health")
+    assert r.status_code == 503
+    assert r.json() == {"status": "stalled", "message": "no scheduler heartbeat for 12.3 s"}
+    r = client.get("/health_generate")
+    assert r.status_code == 503 and r.json()["status"] == "stalled" and tm.requests == []
+    tm.liveness.beat(loop_age=0.0)
+    r = client.get("/health")
+    assert r.status_code == 200 and r.json() == {"status": "serving"}
+
+
+def test_request_routes_refuse_with_503_while_stalled():
+    client, tm = make_client()
+    tm.now += 6.0
+    calls = [
+        ("post", "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+        ("post", "/v1/completions", {"model": "fake", "prompt": "hi", "max_tokens": 2}),
+        ("post", "/v1/chat/completions", {"model": "fake", "messages": [{"role": "user", "content": "hi"}]}),
+        ("post", "/flush_cache", None),
+        ("post", "/update_weights_from_disk", {"model_path": "/m"}),
+        ("post", "/update_weights_from_tensor", {"tensor_file": "/t"}),
+        ("get", "/health_generate", None),
+    ]
+    for method, path, body in calls:
+        r = client.request(method.upper(), path, json=body)
+        assert r.status_code == 503, (path, r.text)
+        if path != "/health_generate":
+            assert "stalled" in r.json()["error"]["message"], path
+    assert tm.requests == []  # nothing reached the engine
+    info = client.get("/get_server_info").json()
+    assert info["status"] == "stalled"
+
+
+def test_health_of_a_broken_engine_says_why():
+    client, tm = make_client()
+    tm.status = "broken"
+    tm.broken_reason = "child process died: phloem-scheduler (exit code 3)"
+    r = client.get("/health")
+    assert r.status_code == 503
+    assert r.json() == {"status": "broken", "message": "child process died: phloem-scheduler (exit code 3)"}
+
+
 def test_model_info_routes():
     client, _ = make_client()
     for path in ("/model_info", "/get_model_info"):

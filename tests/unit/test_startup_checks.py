@@ -1,5 +1,6 @@
 """Start-up refuses what it cannot honour with one line naming the option, before any model loads:
-a memory fraction outside (0, 1], ``--device cuda`` without a visible GPU, a port it cannot bind."""
+a memory fraction outside (0, 1], a watchdog timeout that is not positive, ``--device cuda``
+without a visible GPU, a port it cannot bind."""
 
 from __future__ import annotations
 
@@ -21,6 +22,12 @@ def test_memory_fraction_outside_zero_one_is_refused(fraction):
 def test_a_fraction_inside_is_accepted():
     check_supported(EngineArgs(mem_fraction_static=0.8))
     check_supported(EngineArgs(mem_fraction_static=1.0))
+
+
+@pytest.mark.parametrize("seconds", [0.0, -1.0, float("nan")])
+def test_a_watchdog_timeout_that_is_not_positive_is_refused(seconds):
+    with pytest.raises(ValueError, match="--watchdog-timeout must be > 0"):
+        check_supported(EngineArgs(watchdog_timeout=seconds))
 
 
 def test_cuda_without_a_gpu_is_one_clear_error(monkeypatch):
