@@ -10,6 +10,7 @@ import torch
 from phloem.runtime.cache.allocator import TokenSlotAllocator
 from phloem.runtime.cache.cache_manager import CacheIntegrityError, CacheManager
 from phloem.runtime.cache.radix_tree import RadixTree
+from phloem.runtime.scheduler.heartbeat import LoopWatch
 from phloem.runtime.scheduler.process import SchedulerProcess
 
 
@@ -49,6 +50,7 @@ def run_loop(script: list[tuple[bool, bool, bool]]) -> list[int]:
             return step()
 
     proc.scheduler = Sched()  # type: ignore[assignment]
+    proc.watch = LoopWatch(lambda: None)  # stamped each iteration for the heartbeat
     proc.receive = receive  # type: ignore[method-assign]
     proc.rt = SimpleNamespace(cache=SimpleNamespace(check_integrity=lambda: checks.append(int(now["i"]))))  # type: ignore[call-overload]
     now["i"] = 0
