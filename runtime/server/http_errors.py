@@ -145,5 +145,6 @@ async def _on_http_exception(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _on_unexpected(request: Request, exc: Exception) -> JSONResponse:
+    """An engine fault: the traceback goes to the server log, the client gets no internals."""
     logger.exception("unhandled error on %s %s", request.method, request.url.path)
-    return ApiError(500, f"internal server error: {type(exc).__name__}: {exc}").response()
+    return ApiError(500, "internal error").response()
