@@ -187,7 +187,10 @@ class SchedulerProcess:
         """Queue the update; it runs once no request is running (:meth:`_run_weight_updates`).
         With ``abort_all_requests`` the running requests are aborted now instead of finishing."""
         if msg.abort_all_requests:
-            self.scheduler.abort(None, abort_all=True, message="aborted: the weights are being updated")
+            # 503: the client may retry once the update is done
+            self.scheduler.abort(
+                None, abort_all=True, message="aborted: the weights are being updated", status_code=503
+            )
         self._weight_updates.append(msg)
 
     def _run_weight_updates(self) -> None:

@@ -104,7 +104,8 @@ def test_refusal_names_the_field_and_a_fault_stays_in_the_log(caplog):
     proc, sent = make_proc(running=[], fail=InvalidRequest("model_path", "no such file: /m"))
     proc._on_update_weights(UpdateWeightsReq(req_id=1, model_path="/m"))
     run_until_idle(proc)
-    assert sent == [ControlReply(req_id=1, ok=False, message="model_path: no such file: /m", data={"field": "model_path"})]
+    refusal = ControlReply(req_id=1, ok=False, message="model_path: no such file: /m", data={"field": "model_path"})
+    assert sent == [refusal]
     proc, sent = make_proc(running=[], fail=RuntimeError("secret detail"))
     proc._on_update_weights(UpdateWeightsReq(req_id=2, model_path="/m"))
     run_until_idle(proc)
