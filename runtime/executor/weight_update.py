@@ -41,7 +41,9 @@ __all__ = [
 DISK_LOAD_FORMATS = ("auto", "gguf", "safetensors")
 # What reading a damaged or foreign checkpoint raises: the client's file, not an engine fault.
 UNREADABLE = (OSError, ValueError, KeyError, struct.error, SafetensorError)
-_SHAPE_ONLY = ("context_len",)  # a config field that may differ: the runner keeps its own context length
+_SHAPE_ONLY = ("context_len",)
+# what phloem.runtime.layers.rotary reads of a Llama-3 ``rope_scaling``
+_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")  # a config field that may differ: the runner keeps its own context length
 
 
 @dataclass(frozen=True)
@@ -70,18 +72,32 @@ def check_load_format(load_format: str | None) -> str:
 
 
 def check_same_architecture(current: ModelConfig, new: ModelConfig, field: str = "model_path") -> None:
-    """Refuse a checkpoint whose architecture differs from the loaded one (every config field but
-    the context length; floats such as ``rms_norm_eps`` compare to a relative 1e-6, as GGUF stores
-    them in float32)."""
+    """Refuse a checkpoint whose architecture differs from the loaded one: every config field but
+    the context length, numbers to a relative 1e-6 (GGUF stores floats such as ``rms_norm_eps`` in
+    float32), and of ``rope_scaling`` the values the rotary embedding reads."""
     for f in fields(ModelConfig):
         if f.name in _SHAPE_ONLY:
             continue
         a, b = getattr(current, f.name), getattr(new, f.name)
-        same = math.isclose(a, b, rel_tol=1e-6) if isinstance(a, float) and isinstance(b, float) else a == b
-        if not same:
+        if f.name == "rope_scaling":
+            a, b = _rope_values(a), _rope_values(b)
+        if not _same(a, b):
             raise InvalidRequest(
                 field, f"a different architecture: {f.name} is {b!r} there and {a!r} in the loaded model"
             )
+
+
+def _rope_values(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if scaling is None else {k: scaling.get(k) for k in _ROPE_KEYS}
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    numbers = (int, float)
+    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-6)
+    return bool(a == b)
 
 
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:

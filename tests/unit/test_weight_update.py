@@ -148,6 +148,14 @@ def test_architecture_check_tolerates_float32_rounding_only():
         check_same_architecture(cfg, cfg.replace(hidden_size=128, intermediate_size=256))
     with pytest.raises(InvalidRequest, match="rope_theta"):
         check_same_architecture(cfg, cfg.replace(rope_theta=20000.0))
+    llama3 = ModelConfig.dummy("llama3-8b")
+    assert llama3.rope_scaling is not None
+    as_hf = {**llama3.rope_scaling, "type": "llama3"}  # keys the rotary embedding does not read
+    check_same_architecture(llama3, llama3.replace(rope_scaling=as_hf))
+    with pytest.raises(InvalidRequest, match="rope_scaling"):
+        check_same_architecture(llama3, llama3.replace(rope_scaling={**as_hf, "factor": 4.0}))
+    with pytest.raises(InvalidRequest, match="rope_scaling"):
+        check_same_architecture(llama3, llama3.replace(rope_scaling=None))
 
 
 def test_full_copy_plan_checks_names_and_shapes():
