@@ -266,13 +266,8 @@ class ModelRunner:
         """
         from phloem.runtime.errors import InvalidRequest
         from phloem.runtime.executor import weight_update as wu
-        from phloem.runtime.model_files import resolve_model
 
-        fmt = wu.check_load_format(load_format)
-        try:
-            source = resolve_model(model_path, fmt)
-        except (OSError, ValueError) as e:
-            raise InvalidRequest("model_path", str(e)) from None
+        source = self.update_source(model_path, load_format)
         try:
             config, weights = _load_checkpoint(source)
         except wu.UNREADABLE as e:
@@ -285,6 +280,19 @@ class ModelRunner:
         self.model_source = source
         logger.info("weights updated from %s (%d tensors)", source.path, len(plan))
         return f"loaded {source.kind} weights from {source.path}"
+
+    def update_source(self, model_path: str, load_format: str | None = None) -> ModelSource:
+        """Where :meth:`update_weights_from_disk` would load from; cheap (no weights are read), so
+        a bad path or format is refused before anything waits. Raises ``InvalidRequest``."""
+        from phloem.runtime.errors import InvalidRequest
+        from phloem.runtime.executor.weight_update import check_load_format
+        from phloem.runtime.model_files import resolve_model
+
+        fmt = check_load_format(load_format)
+        try:
+            return resolve_model(model_path, fmt)
+        except (OSError, ValueError) as e:
+            raise InvalidRequest("model_path", str(e)) from None
 
     def update_weights_from_tensors(self, tensors: dict[str, torch.Tensor], field: str = "tensors") -> str:
         """Copy named checkpoint tensors (Hugging Face names, any subset) into the model in place;

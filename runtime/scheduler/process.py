@@ -86,6 +86,7 @@ class SchedulerProcess:
         # here and admitted after the update, so they run on the new weights and a steady
         # stream of them cannot keep the update waiting forever.
         self._weight_updates: list[UpdateWeightsReq] = []
+        self._tensors: dict[int, dict[str, Any]] = {}  # parsed tensors of queued updates, by req_id
         self._held: list[TokenizedGenerateReq] = []
         self.handlers = {
             TokenizedGenerateReq: self._on_generate,
@@ -184,14 +185,43 @@ class SchedulerProcess:
         self._send_tm(ControlReply(req_id=msg.req_id, ok=True, data=self.scheduler.live_stats()))
 
     def _on_update_weights(self, msg: UpdateWeightsReq) -> None:
-        """Queue the update; it runs once no request is running (:meth:`_run_weight_updates`).
-        With ``abort_all_requests`` the running requests are aborted now instead of finishing."""
+        """Check what can be checked now (a bad path, format, tensor name or shape is refused
+        before anything waits or is aborted), then queue the update; it runs once no request is
+        running (:meth:`_run_weight_updates`). With ``abort_all_requests`` the running requests
+        are aborted now instead of finishing."""
+        from phloem.runtime.errors import InvalidRequest
+
+        try:
+            self._check_update(msg)
+        except InvalidRequest as e:
+            self._send_tm(_refusal(msg, e))
+            return
         if msg.abort_all_requests:
             # 503: the client may retry once the update is done
             self.scheduler.abort(
                 None, abort_all=True, message="aborted: the weights are being updated", status_code=503
             )
         self._weight_updates.append(msg)
+
+    def _check_update(self, msg: UpdateWeightsReq) -> None:
+        """Raise ``InvalidRequest`` for an update that cannot succeed; tensors sent with the
+        message are parsed once here and kept for :meth:`_update_weights`."""
+        from phloem.runtime.errors import InvalidRequest
+        from phloem.runtime.executor import weight_update as wu
+
+        runner = self.rt.runner
+        if msg.model_path is not None:
+            runner.update_source(msg.model_path, msg.load_format)
+            return
+        field = msg.tensor_field
+        if msg.tensor_data is not None:
+            tensors = wu.read_safetensors_bytes(msg.tensor_data, field)
+        elif msg.tensor_file is not None:
+            tensors = wu.read_safetensors_file(msg.tensor_file, field)
+        else:
+            raise InvalidRequest(field, "no tensors given")
+        wu.plan_named_copy(runner.model, tensors, field)  # names and shapes; nothing is written
+        self._tensors[msg.req_id] = tensors
 
     def _run_weight_updates(self) -> None:
         """Apply the queued updates (the scheduler is idle), flush the prefix cache (its KV came
@@ -206,7 +236,6 @@ class SchedulerProcess:
 
     def _update_weights(self, msg: UpdateWeightsReq) -> ControlReply:
         from phloem.runtime.errors import InvalidRequest
-        from phloem.runtime.executor import weight_update as wu
 
         runner = self.rt.runner
         try:
@@ -215,18 +244,10 @@ class SchedulerProcess:
                 return ControlReply(
                     req_id=msg.req_id, ok=True, message=message, data={"model_path": runner.model_source.path}
                 )
-            field = msg.tensor_field
-            if msg.tensor_data is not None:
-                tensors = wu.read_safetensors_bytes(msg.tensor_data, field)
-            elif msg.tensor_file is not None:
-                tensors = wu.read_safetensors_file(msg.tensor_file, field)
-            else:
-                raise InvalidRequest(field, "no tensors given")
-            message = runner.update_weights_from_tensors(tensors, field)
+            message = runner.update_weights_from_tensors(self._tensors.pop(msg.req_id), msg.tensor_field)
             return ControlReply(req_id=msg.req_id, ok=True, message=message)
         except InvalidRequest as e:
-            logger.warning("weight update refused: %s", e)
-            return ControlReply(req_id=msg.req_id, ok=False, message=str(e), data={"field": e.field})
+            return _refusal(msg, e)
         except Exception:
             logger.error("weight update failed:\n%s", traceback.format_exc())
             return ControlReply(
@@ -236,7 +257,7 @@ class SchedulerProcess:
     def _on_shutdown(self, msg: ShutdownReq) -> None:
         for update in self._weight_updates:
             self._send_tm(ControlReply(req_id=update.req_id, ok=False, message="server is shutting down"))
-        self._weight_updates = []
+        self._weight_updates, self._tensors = [], {}
         held, self._held = self._held, []
         for req in held:
             self._admit(req)  # to be aborted with the rest
@@ -247,6 +268,12 @@ class SchedulerProcess:
 
     def _send_tm(self, msg: Any) -> None:
         self.to_tm.send(self.codec_tm.encode(msg))
+
+
+def _refusal(msg: UpdateWeightsReq, err: Exception) -> ControlReply:
+    """The reply to an update refused for a reason the client can fix (``InvalidRequest``)."""
+    logger.warning("weight update refused: %s", err)
+    return ControlReply(req_id=msg.req_id, ok=False, message=str(err), data={"field": getattr(err, "field", None)})
 
 
 def freeze_startup_heap() -> int:

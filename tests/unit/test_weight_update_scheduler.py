@@ -7,6 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
+import torch
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.messages import AbortReq, ControlReply, TokenizedGenerateReq, UpdateWeightsReq
 from phloem.runtime.sampling.params import SamplingParams
@@ -41,6 +42,11 @@ class FakeRunner:
         self.events, self.fail = events, fail
         self.model_source = SimpleNamespace(path="/new/model")
 
+    def update_source(self, model_path: str, load_format: str | None) -> None:
+        from phloem.runtime.executor.weight_update import check_load_format
+
+        check_load_format(load_format)
+
     def update_weights_from_disk(self, model_path: str, load_format: str | None) -> str:
         self.events.append(f"update {model_path}")
         if self.fail is not None:
@@ -53,7 +59,7 @@ def make_proc(running: list[str], fail: Exception | None = None) -> tuple[Schedu
     sched = FakeScheduler(running)
     proc.scheduler = sched  # type: ignore[assignment]
     proc.rt = SimpleNamespace(runner=FakeRunner(sched.events, fail))
-    proc._weight_updates, proc._held = [], []
+    proc._weight_updates, proc._held, proc._tensors = [], [], {}
     sent: list[Any] = []
     proc._send_tm = sent.append  # type: ignore[method-assign]
     proc._admit = lambda msg: sched.events.append(f"admit {msg.rid}")  # type: ignore[method-assign]
@@ -112,3 +118,30 @@ def test_refusal_names_the_field_and_a_fault_stays_in_the_log(caplog):
     assert sent == [ControlReply(req_id=2, ok=False, message="internal error", data={"internal": True})]
     assert "secret detail" in caplog.text  # the traceback is logged server-side
     assert proc.scheduler.events[-1] == "flush"  # type: ignore[attr-defined]
+
+
+def test_a_hopeless_update_is_refused_before_anything_waits_or_is_aborted():
+    proc, sent = make_proc(running=["a"])
+    proc._on_update_weights(UpdateWeightsReq(req_id=3, model_path="/m", load_format="pt", abort_all_requests=True))
+    assert sent[0].ok is False and sent[0].data == {"field": "load_format"}
+    assert proc.scheduler.events == [] and proc._weight_updates == []  # type: ignore[attr-defined]
+
+
+def test_tensors_are_checked_on_arrival_and_applied_when_idle():
+    from safetensors.torch import save
+
+    from tests.unit.tiny_model import tiny_runner
+
+    proc, sent = make_proc(running=["a"])
+    runner = tiny_runner()
+    proc.rt = SimpleNamespace(runner=runner)
+    bad = save({"model.layers.9.mlp.up_proj.weight": torch.zeros(2)})
+    proc._on_update_weights(UpdateWeightsReq(req_id=4, tensor_data=bad, tensor_field="safetensors_b64", abort_all_requests=True))
+    assert sent[0].data == {"field": "safetensors_b64"} and "layers.9" in sent[0].message
+    assert proc.scheduler.events == []  # type: ignore[attr-defined]
+    good = save({"model.norm.weight": torch.full((64,), 2.0)})
+    proc._on_update_weights(UpdateWeightsReq(req_id=5, tensor_data=good))
+    assert not torch.equal(runner.model.model.norm.weight, torch.full((64,), 2.0))  # not while "a" runs
+    run_until_idle(proc)
+    assert sent[1] == ControlReply(req_id=5, ok=True, message="updated 1 tensors")
+    assert torch.equal(runner.model.model.norm.weight, torch.full((64,), 2.0)) and proc._tensors == {}
