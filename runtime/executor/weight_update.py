@@ -1,4 +1,4 @@
-"""Replacing a loaded model's weights in place (``/update_weights_from_disk``, ``/update_weights_from_tensor``).
+"""Replacing a loaded model's weights in place (the ``/update_weights_from_*`` routes).
 
 An update never swaps tensors: every new value is copied into the tensor the model already holds
 (same storage, dtype and device), so CUDA graphs captured over those tensors stay valid. It is
@@ -41,9 +41,10 @@ __all__ = [
 DISK_LOAD_FORMATS = ("auto", "gguf", "safetensors")
 # What reading a damaged or foreign checkpoint raises: the client's file, not an engine fault.
 UNREADABLE = (OSError, ValueError, KeyError, struct.error, SafetensorError)
-_SHAPE_ONLY = ("context_len",)
+# a config field that may differ: the runner keeps its own context length
+_IGNORED_FIELDS = ("context_len",)
 # what phloem.runtime.layers.rotary reads of a Llama-3 ``rope_scaling``
-_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")  # a config field that may differ: the runner keeps its own context length
+_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 
 
 @dataclass(frozen=True)
@@ -73,10 +74,10 @@ def check_load_format(load_format: str | None) -> str:
 
 def check_same_architecture(current: ModelConfig, new: ModelConfig, field: str = "model_path") -> None:
     """Refuse a checkpoint whose architecture differs from the loaded one: every config field but
-    the context length, numbers to a relative 1e-6 (GGUF stores floats such as ``rms_norm_eps`` in
+    the context length, floats to a relative 1e-6 (GGUF stores ``rms_norm_eps`` and the like in
     float32), and of ``rope_scaling`` the values the rotary embedding reads."""
     for f in fields(ModelConfig):
-        if f.name in _SHAPE_ONLY:
+        if f.name in _IGNORED_FIELDS:
             continue
         a, b = getattr(current, f.name), getattr(new, f.name)
         if f.name == "rope_scaling":
@@ -94,9 +95,8 @@ def _rope_values(scaling: dict[str, Any] | None) -> dict[str, Any] | None:
 def _same(a: Any, b: Any) -> bool:
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
-    numbers = (int, float)
-    if isinstance(a, numbers) and isinstance(b, numbers) and not isinstance(a, bool) and not isinstance(b, bool):
-        return math.isclose(a, b, rel_tol=1e-6)
+    if isinstance(a, float) or isinstance(b, float):
+        return isinstance(a, (int, float)) and isinstance(b, (int, float)) and math.isclose(a, b, rel_tol=1e-6)
     return bool(a == b)
 
 
@@ -135,7 +135,7 @@ def plan_full_copy(
 def plan_named_copy(model: Any, tensors: Mapping[str, torch.Tensor], field: str) -> CopyPlan:
     """Pair each checkpoint tensor (Hugging Face names, any subset of the model's) with where it
     lands (``model.checkpoint_target``); refuse an empty update, an unknown or quantized name, a
-    shape mismatch or a non-numeric dtype before anything is written."""
+    shape mismatch or integer data for a float tensor before anything is written."""
     if not tensors:
         raise InvalidRequest(field, "no tensors given")
     pairs = []

@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 from phloem.runtime import switches
 from phloem.runtime.config import EngineArgs
+from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.ipc import IpcPaths, parent_alive, pull_socket, push_socket
 from phloem.runtime.messages import (
     AbortReq,
@@ -189,12 +190,13 @@ class SchedulerProcess:
         before anything waits or is aborted), then queue the update; it runs once no request is
         running (:meth:`_run_weight_updates`). With ``abort_all_requests`` the running requests
         are aborted now instead of finishing."""
-        from phloem.runtime.errors import InvalidRequest
-
         try:
             self._check_update(msg)
         except InvalidRequest as e:
             self._send_tm(_refusal(msg, e))
+            return
+        except Exception:
+            self._send_tm(_fault(msg))
             return
         if msg.abort_all_requests:
             # 503: the client may retry once the update is done
@@ -206,7 +208,6 @@ class SchedulerProcess:
     def _check_update(self, msg: UpdateWeightsReq) -> None:
         """Raise ``InvalidRequest`` for an update that cannot succeed; tensors sent with the
         message are parsed once here and kept for :meth:`_update_weights`."""
-        from phloem.runtime.errors import InvalidRequest
         from phloem.runtime.executor import weight_update as wu
 
         runner = self.rt.runner
@@ -235,8 +236,6 @@ class SchedulerProcess:
             self._admit(req)
 
     def _update_weights(self, msg: UpdateWeightsReq) -> ControlReply:
-        from phloem.runtime.errors import InvalidRequest
-
         runner = self.rt.runner
         try:
             if msg.model_path is not None:
@@ -249,10 +248,7 @@ class SchedulerProcess:
         except InvalidRequest as e:
             return _refusal(msg, e)
         except Exception:
-            logger.error("weight update failed:\n%s", traceback.format_exc())
-            return ControlReply(
-                req_id=msg.req_id, ok=False, message="internal error", data={"internal": True}
-            )
+            return _fault(msg)
 
     def _on_shutdown(self, msg: ShutdownReq) -> None:
         for update in self._weight_updates:
@@ -270,10 +266,17 @@ class SchedulerProcess:
         self.to_tm.send(self.codec_tm.encode(msg))
 
 
-def _refusal(msg: UpdateWeightsReq, err: Exception) -> ControlReply:
-    """The reply to an update refused for a reason the client can fix (``InvalidRequest``)."""
+def _refusal(msg: UpdateWeightsReq, err: InvalidRequest) -> ControlReply:
+    """The reply to an update refused for a reason the client can fix."""
     logger.warning("weight update refused: %s", err)
-    return ControlReply(req_id=msg.req_id, ok=False, message=str(err), data={"field": getattr(err, "field", None)})
+    return ControlReply(req_id=msg.req_id, ok=False, message=str(err), data={"field": err.field})
+
+
+def _fault(msg: UpdateWeightsReq) -> ControlReply:
+    """The reply to an update that failed inside the engine (called from an ``except`` block): the
+    traceback goes to the log, the client learns only that it was an internal error."""
+    logger.error("weight update failed:\n%s", traceback.format_exc())
+    return ControlReply(req_id=msg.req_id, ok=False, message="internal error", data={"internal": True})
 
 
 def freeze_startup_heap() -> int:

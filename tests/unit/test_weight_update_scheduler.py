@@ -145,3 +145,15 @@ def test_tensors_are_checked_on_arrival_and_applied_when_idle():
     run_until_idle(proc)
     assert sent[1] == ControlReply(req_id=5, ok=True, message="updated 1 tensors")
     assert torch.equal(runner.model.model.norm.weight, torch.full((64,), 2.0)) and proc._tensors == {}
+
+
+def test_a_fault_while_checking_is_answered_not_raised(caplog):
+    proc, sent = make_proc(running=["a"])
+
+    def explode(*args: Any) -> None:
+        raise RuntimeError("secret detail")
+
+    proc.rt.runner.update_source = explode
+    proc._on_update_weights(UpdateWeightsReq(req_id=6, model_path="/m", abort_all_requests=True))
+    assert sent == [ControlReply(req_id=6, ok=False, message="internal error", data={"internal": True})]
+    assert "secret detail" in caplog.text and proc._weight_updates == []
