@@ -14,14 +14,17 @@ import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.expand import GenerateCall, SamplingSpec, expand, tokenizer_vocab_size
 from phloem.runtime.launch import EngineProcesses, launch_engine
 from phloem.runtime.tokenizer.manager import TokenizerManager
 from phloem.runtime.tokenizer.request import GenerateRequest
+
+if TYPE_CHECKING:
+    import torch
 
 _DONE = object()
 
@@ -164,8 +167,39 @@ class Engine:
     def get_model_info(self) -> dict[str, Any]:
         return dict(self.tm.model_info)
 
-    def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
-        return self._call(self.tm.update_weights_from_disk(model_path))
+    def update_weights_from_disk(
+        self, model_path: str, *, load_format: str | None = None, abort_all_requests: bool = False
+    ) -> tuple[bool, str]:
+        """Copy a checkpoint of the same architecture (a GGUF file or a Hugging Face folder) into
+        the loaded weights in place, as ``POST /update_weights_from_disk`` does; ``(success,
+        message)``. Running requests finish first (or are aborted with ``abort_all_requests``),
+        the prefix cache is flushed, and ``get_model_info()["model_path"]`` names the new files."""
+        reply = self._call(
+            self.tm.update_weights_from_disk(
+                model_path, load_format=load_format, abort_all_requests=abort_all_requests
+            )
+        )
+        return reply.ok, reply.message
+
+    def update_weights_from_tensor(
+        self,
+        named_tensors: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]],
+        *,
+        abort_all_requests: bool = False,
+    ) -> tuple[bool, str]:
+        """Copy named tensors (Hugging Face names, any subset of the model's) into the loaded
+        weights in place; ``(success, message)``. They travel to the engine as safetensors bytes."""
+        from safetensors.torch import save
+
+        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
+        # safetensors refuses views sharing storage: each tensor gets its own contiguous CPU copy
+        data = save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in items})
+        reply = self._call(
+            self.tm.update_weights_from_tensor(
+                tensor_data=data, field="named_tensors", abort_all_requests=abort_all_requests
+            )
+        )
+        return reply.ok, reply.message
 
     def health(self) -> str:
         return self.tm.health()

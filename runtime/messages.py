@@ -57,10 +57,19 @@ class GetStatsReq(msgspec.Struct, tag=True, kw_only=True):
 
 
 class UpdateWeightsReq(msgspec.Struct, tag=True, kw_only=True):
+    """Replace weights in place: from ``model_path`` (a checkpoint of the same architecture), or
+    named tensors as safetensors, either a file the engine can read (``tensor_file``) or its bytes
+    (``tensor_data``). ``abort_all_requests``: abort running requests first instead of letting
+    them finish. The reply's ``data`` holds ``field`` (the request field a refusal is about),
+    ``internal`` (an engine fault, logged there) or, after a disk update, ``model_path``."""
+
     req_id: int
     model_path: str | None = None
-    # Same-host tensor update: a path to a safetensors file the caller wrote.
+    load_format: str | None = None
     tensor_file: str | None = None
+    tensor_data: bytes | None = None
+    tensor_field: str = "tensor_file"  # the client's name for the tensors, for refusals
+    abort_all_requests: bool = False
 
 
 class ShutdownReq(msgspec.Struct, tag=True, kw_only=True):

@@ -150,6 +150,7 @@ class ModelRunner:
         self.quantization = _resolve_quantization(quantization, self.device)
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads or os.cpu_count() or 1)
+        self.model_source = model_source  # what the weights now in the model came from
         config, weights = _load_checkpoint(model_source)
         self.context_len = int(context_len or config.context_len)
         self.model_config = config.replace(context_len=max(self.context_len, config.context_len))
@@ -206,19 +207,25 @@ class ModelRunner:
             init_dummy_weights(model, seed=seed)
         else:
             model.load_weights(weights.items())  # type: ignore[operator]
-        if self.quantization is not None:
-            from phloem.runtime.layers.quant import quantize_model
-
-            blocks = None
-            if self.quantization == "int4" and source.kind == "gguf":
-                from phloem.runtime.executor.weights_gguf import load_gguf_q4_blocks
-
-                blocks = load_gguf_q4_blocks(source.path, self.model_config)
-            quantize_model(model, self.quantization, q4_blocks=blocks)
+        self._quantize(model, source)
         _cast_parameters(model, self.dtype)
         if self.deterministic:
             _make_batch_invariant(model)
         return model.eval()
+
+    def _quantize(self, model: nn.Module, source: ModelSource) -> None:
+        """Quantize ``model``'s linear layers as ``quantization`` says (``int4`` takes a Q4_1
+        GGUF's blocks as they are)."""
+        if self.quantization is None:
+            return
+        from phloem.runtime.layers.quant import quantize_model
+
+        blocks = None
+        if self.quantization == "int4" and source.kind == "gguf":
+            from phloem.runtime.executor.weights_gguf import load_gguf_q4_blocks
+
+            blocks = load_gguf_q4_blocks(source.path, self.model_config)
+        quantize_model(model, self.quantization, q4_blocks=blocks)
 
     def _pool_tokens(self, max_total_tokens: int | None, mem_fraction: float | None) -> int:
         if max_total_tokens is not None:
@@ -246,6 +253,71 @@ class ModelRunner:
             self.kv_dtype,
             self.device,
         )
+
+    # ---- weight updates (phloem.runtime.executor.weight_update) -------------------------------
+    def update_weights_from_disk(self, model_path: str, load_format: str | None = None) -> str:
+        """Load a checkpoint of the same architecture (a GGUF file or a Hugging Face folder) and
+        copy it into the model's tensors in place; returns what was loaded.
+
+        The checkpoint goes through the start-up loader path on the CPU (names mapped, fused
+        projections stacked, and with ``quantization`` set, quantized the same way, a Q4_1 GGUF's
+        blocks taken as they are), then every tensor is checked against the loaded model before
+        the first copy. Raises ``InvalidRequest`` naming ``model_path`` or ``load_format``.
+        """
+        from phloem.runtime.errors import InvalidRequest
+        from phloem.runtime.executor import weight_update as wu
+
+        source = self.update_source(model_path, load_format)
+        try:
+            config, weights = _load_checkpoint(source)
+        except wu.UNREADABLE as e:
+            raise InvalidRequest("model_path", f"cannot read {source.path}: {e}") from None
+        assert weights is not None  # resolve_model gives no dummy source for these formats
+        wu.check_same_architecture(self.model_config, config)
+        staged = self._staged_model(weights, source)
+        plan = wu.plan_full_copy(wu.model_tensors(self.model), wu.model_tensors(staged), "model_path")
+        plan.apply()
+        self.model_source = source
+        logger.info("weights updated from %s (%d tensors)", source.path, len(plan))
+        return f"loaded {source.kind} weights from {source.path}"
+
+    def update_source(self, model_path: str, load_format: str | None = None) -> ModelSource:
+        """Where :meth:`update_weights_from_disk` would load from; cheap (no weights are read), so
+        a bad path or format is refused before anything waits. Raises ``InvalidRequest``."""
+        from phloem.runtime.errors import InvalidRequest
+        from phloem.runtime.executor.weight_update import check_load_format
+        from phloem.runtime.model_files import resolve_model
+
+        fmt = check_load_format(load_format)
+        try:
+            return resolve_model(model_path, fmt)
+        except (OSError, ValueError) as e:
+            raise InvalidRequest("model_path", str(e)) from None
+
+    def update_weights_from_tensors(self, tensors: dict[str, torch.Tensor], field: str = "tensors") -> str:
+        """Copy named checkpoint tensors (Hugging Face names, any subset) into the model in place;
+        all are checked before the first copy. A quantized layer is refused (its float weight is
+        gone; :meth:`update_weights_from_disk` requantizes through the loader instead). Raises
+        ``InvalidRequest`` naming ``field``."""
+        from phloem.runtime.executor import weight_update as wu
+
+        plan = wu.plan_named_copy(self.model, tensors, field)
+        plan.apply()
+        logger.info("weights updated: %d tensors", len(plan))
+        return f"updated {len(plan)} tensors"
+
+    def _staged_model(self, weights: dict[str, torch.Tensor], source: ModelSource) -> nn.Module:
+        """A CPU model holding ``weights`` as start-up would have prepared them (quantized when the
+        runner is), from which an update copies."""
+        from phloem.runtime.errors import InvalidRequest
+
+        model = _build_model_on(self.model_config, torch.device("cpu"))
+        try:
+            model.load_weights(weights.items())  # type: ignore[operator]
+        except ValueError as e:  # an unknown, missing or misshapen tensor
+            raise InvalidRequest("model_path", str(e)) from None
+        self._quantize(model, source)
+        return model
 
     # ---- public info --------------------------------------------------------------------------
     @property

@@ -201,3 +201,44 @@ class LlamaForCausalLM(nn.Module):
         with torch.no_grad():
             params[name].copy_(tensor)
         return name
+
+    def checkpoint_target(self, name: str) -> torch.Tensor:
+        """The tensor a checkpoint tensor ``name`` (Hugging Face name) is copied into: a parameter,
+        or the rows of a fused projection that hold one of its parts. Updating weights in place
+        writes there, so the model (and any CUDA graph captured over it) keeps its tensors.
+
+        Raises
+        ------
+        KeyError
+            When ``name`` is no tensor of this model, or its float weight is gone (a quantized
+            layer, or an embedding whose tied LM head keeps a quantized copy); the message says which.
+        """
+        fused = _FUSED.match(name)
+        if fused:
+            prefix, kind, which = fused.group(1), fused.group(2), fused.group(5)
+            part = fused.group(3) or fused.group(4)
+            target = "self_attn.qkv_proj" if kind.startswith("self_attn") else "mlp.gate_up_proj"
+            try:
+                module = self.get_submodule(f"{prefix}.{target}")
+            except AttributeError:
+                raise KeyError(f"{name}: no such tensor in this model") from None
+            assert isinstance(module, MergedLinear)
+            if module.quant is not None:
+                raise KeyError(f"{name}: this layer is quantized")
+            holder = module.bias if which == "bias" else module.weight
+            if holder is None:
+                raise KeyError(f"{name}: no such tensor in this model")
+            lo, hi = module.offsets[part]
+            return holder[lo:hi]
+        if name == "lm_head.weight" and self.lm_head.tied_to is not None:
+            raise KeyError(f"{name}: the LM head shares model.embed_tokens.weight on this model; update that")
+        params = dict(self.named_parameters())
+        if name not in params:
+            owner = dict(self.named_modules()).get(name.rsplit(".", 1)[0])
+            if getattr(owner, "quant", None) is not None:
+                raise KeyError(f"{name}: this layer is quantized")
+            raise KeyError(f"{name}: no such tensor in this model")
+        head = self.lm_head
+        if name == "model.embed_tokens.weight" and head.tied_to is not None and head.quant is not None:
+            raise KeyError(f"{name}: the quantized LM head keeps its own copy of this tied embedding")
+        return params[name]

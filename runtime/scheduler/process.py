@@ -19,6 +19,7 @@ from typing import Any
 import zmq
 from phloem.runtime import switches
 from phloem.runtime.config import EngineArgs
+from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.ipc import IpcPaths, parent_alive, pull_socket, push_socket
 from phloem.runtime.messages import (
     AbortReq,
@@ -87,6 +88,12 @@ class SchedulerProcess:
         self._last_stats = 0.0
         self._idle_checked = True
         self._received = 0  # messages handled by the last receive()
+        # Weight updates wait until no request runs; requests that arrive meanwhile are held
+        # here and admitted after the update, so they run on the new weights and a steady
+        # stream of them cannot keep the update waiting forever.
+        self._weight_updates: list[UpdateWeightsReq] = []
+        self._tensors: dict[int, dict[str, Any]] = {}  # parsed tensors of queued updates, by req_id
+        self._held: list[TokenizedGenerateReq] = []
         self.handlers = {
             TokenizedGenerateReq: self._on_generate,
             AbortReq: self._on_abort,
@@ -108,6 +115,8 @@ class SchedulerProcess:
             arrived = self.receive(block=idle)
             t1 = time.perf_counter()
             busy = self.scheduler.step()
+            if self._weight_updates and self.scheduler.is_idle:
+                self._run_weight_updates()
             if trace is not None:
                 trace.add(t0, t1, time.perf_counter(), self._received, self.scheduler.last_step)
             if busy or arrived:
@@ -148,6 +157,12 @@ class SchedulerProcess:
 
     # ------------------------------------------------------------------ handlers
     def _on_generate(self, msg: TokenizedGenerateReq) -> None:
+        if self._weight_updates:
+            self._held.append(msg)
+            return
+        self._admit(msg)
+
+    def _admit(self, msg: TokenizedGenerateReq) -> None:
         params = msg.sampling_params
         req = Req(
             rid=msg.rid,
@@ -165,6 +180,10 @@ class SchedulerProcess:
         self.scheduler.add_request(req)
 
     def _on_abort(self, msg: AbortReq) -> None:
+        # a held request is admitted first, so that it finishes as aborted like any other
+        for held in [m for m in self._held if msg.abort_all or m.rid == msg.rid]:
+            self._held.remove(held)
+            self._admit(held)
         self.scheduler.abort(msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code)
 
     def _on_flush(self, msg: FlushCacheReq) -> None:
@@ -175,16 +194,77 @@ class SchedulerProcess:
         self._send_tm(ControlReply(req_id=msg.req_id, ok=True, data=self.scheduler.live_stats()))
 
     def _on_update_weights(self, msg: UpdateWeightsReq) -> None:
-        if not self.scheduler.is_idle:
-            self.scheduler.drain()
+        """Check what can be checked now (a bad path, format, tensor name or shape is refused
+        before anything waits or is aborted), then queue the update; it runs once no request is
+        running (:meth:`_run_weight_updates`). With ``abort_all_requests`` the running requests
+        are aborted now instead of finishing."""
         try:
-            self.rt.runner.update_weights(model_path=msg.model_path, tensor_file=msg.tensor_file)
-            self.scheduler.flush_cache()  # cached KV was computed with the old weights
-            self._send_tm(ControlReply(req_id=msg.req_id, ok=True, message="weights updated"))
-        except Exception as e:
-            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=f"{type(e).__name__}: {e}"))
+            self._check_update(msg)
+        except InvalidRequest as e:
+            self._send_tm(_refusal(msg, e))
+            return
+        except Exception:
+            self._send_tm(_fault(msg))
+            return
+        if msg.abort_all_requests:
+            # 503: the client may retry once the update is done
+            self.scheduler.abort(
+                None, abort_all=True, message="aborted: the weights are being updated", status_code=503
+            )
+        self._weight_updates.append(msg)
+
+    def _check_update(self, msg: UpdateWeightsReq) -> None:
+        """Raise ``InvalidRequest`` for an update that cannot succeed; tensors sent with the
+        message are parsed once here and kept for :meth:`_update_weights`."""
+        from phloem.runtime.executor import weight_update as wu
+
+        runner = self.rt.runner
+        if msg.model_path is not None:
+            runner.update_source(msg.model_path, msg.load_format)
+            return
+        field = msg.tensor_field
+        if msg.tensor_data is not None:
+            tensors = wu.read_safetensors_bytes(msg.tensor_data, field)
+        elif msg.tensor_file is not None:
+            tensors = wu.read_safetensors_file(msg.tensor_file, field)
+        else:
+            raise InvalidRequest(field, "no tensors given")
+        wu.plan_named_copy(runner.model, tensors, field)  # names and shapes; nothing is written
+        self._tensors[msg.req_id] = tensors
+
+    def _run_weight_updates(self) -> None:
+        """Apply the queued updates (the scheduler is idle), flush the prefix cache (its KV came
+        from the old weights), then admit the requests held meanwhile."""
+        updates, self._weight_updates = self._weight_updates, []
+        for msg in updates:
+            self._send_tm(self._update_weights(msg))
+        self.scheduler.flush_cache()
+        held, self._held = self._held, []
+        for req in held:
+            self._admit(req)
+
+    def _update_weights(self, msg: UpdateWeightsReq) -> ControlReply:
+        runner = self.rt.runner
+        try:
+            if msg.model_path is not None:
+                message = runner.update_weights_from_disk(msg.model_path, msg.load_format)
+                return ControlReply(
+                    req_id=msg.req_id, ok=True, message=message, data={"model_path": runner.model_source.path}
+                )
+            message = runner.update_weights_from_tensors(self._tensors.pop(msg.req_id), msg.tensor_field)
+            return ControlReply(req_id=msg.req_id, ok=True, message=message)
+        except InvalidRequest as e:
+            return _refusal(msg, e)
+        except Exception:
+            return _fault(msg)
 
     def _on_shutdown(self, msg: ShutdownReq) -> None:
+        for update in self._weight_updates:
+            self._send_tm(ControlReply(req_id=update.req_id, ok=False, message="server is shutting down"))
+        self._weight_updates, self._tensors = [], {}
+        held, self._held = self._held, []
+        for req in held:
+            self._admit(req)  # to be aborted with the rest
         self.scheduler.abort(None, abort_all=True, message="server is shutting down", status_code=503)
         self.scheduler.drain()
         self.rt.send_detokenizer(ShutdownReq())  # after the aborts, on the same ordered channel
@@ -208,6 +288,19 @@ def heartbeat_sender(ctx: zmq.Context, endpoint: str) -> Any:
         sock.send(codec.encode(msg), flags=zmq.NOBLOCK)
 
     return send
+
+
+def _refusal(msg: UpdateWeightsReq, err: InvalidRequest) -> ControlReply:
+    """The reply to an update refused for a reason the client can fix."""
+    logger.warning("weight update refused: %s", err)
+    return ControlReply(req_id=msg.req_id, ok=False, message=str(err), data={"field": err.field})
+
+
+def _fault(msg: UpdateWeightsReq) -> ControlReply:
+    """The reply to an update that failed inside the engine (called from an ``except`` block): the
+    traceback goes to the log, the client learns only that it was an internal error."""
+    logger.error("weight update failed:\n%s", traceback.format_exc())
+    return ControlReply(req_id=msg.req_id, ok=False, message="internal error", data={"internal": True})
 
 
 def freeze_startup_heap() -> int:

@@ -9,6 +9,8 @@ prompt (its length against the context) are the tokenizer manager's.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import dataclasses
 import logging
 import os
@@ -324,18 +326,76 @@ async def abort_request(request: Request) -> Response:
 
 @router.post("/update_weights_from_disk")
 async def update_weights_from_disk(request: Request) -> Response:
-    body = await parse_body(request, UpdateWeightsFromDiskBody)
-    require_serving(get_tm(request))
-    ok, message = await get_tm(request).update_weights_from_disk(body.model_path)
-    return JSONResponse({"success": bool(ok), "message": message}, status_code=200 if ok else 400)
+    try:
+        body = await parse_body(request, UpdateWeightsFromDiskBody)
+        require_serving(get_tm(request))
+    except ApiError as err:
+        return weights_failure(request, err)
+    reply = await get_tm(request).update_weights_from_disk(
+        body.model_path, load_format=body.load_format, abort_all_requests=body.abort_all_requests
+    )
+    return weights_response(request, reply)
 
 
 @router.post("/update_weights_from_tensor")
 async def update_weights_from_tensor(request: Request) -> Response:
-    body = await parse_body(request, UpdateWeightsFromTensorBody)
-    require_serving(get_tm(request))
-    ok, message = await get_tm(request).update_weights_from_tensor(body.tensor_file)
-    return JSONResponse({"success": bool(ok), "message": message}, status_code=200 if ok else 400)
+    try:
+        body = await parse_body(request, UpdateWeightsFromTensorBody)
+        require_serving(get_tm(request))
+        data = _inline_tensors(body)
+    except ApiError as err:
+        return weights_failure(request, err)
+    tm = get_tm(request)
+    if data is not None:
+        reply = await tm.update_weights_from_tensor(
+            tensor_data=data, field="safetensors_b64", abort_all_requests=body.abort_all_requests
+        )
+    else:
+        reply = await tm.update_weights_from_tensor(
+            tensor_file=body.tensor_file, field="tensor_file", abort_all_requests=body.abort_all_requests
+        )
+    return weights_response(request, reply)
+
+
+def _inline_tensors(body: UpdateWeightsFromTensorBody) -> bytes | None:
+    """The decoded ``safetensors_b64`` (``None`` when the body names a ``tensor_file``)."""
+    if body.serialized_named_tensors is not None:
+        raise ApiError(
+            400,
+            "serialized_named_tensors: pickled tensors are not accepted; send safetensors_b64 or tensor_file",
+            param="serialized_named_tensors",
+        )
+    if (body.tensor_file is None) == (body.safetensors_b64 is None):
+        raise ApiError(
+            400, "tensor_file: give exactly one of 'tensor_file' and 'safetensors_b64'", param="tensor_file"
+        )
+    if body.safetensors_b64 is None:
+        return None
+    try:
+        return base64.b64decode(body.safetensors_b64, validate=True)
+    except binascii.Error as e:
+        raise ApiError(400, f"safetensors_b64: not base64: {e}", param="safetensors_b64") from None
+
+
+def weights_response(request: Request, reply: Any) -> Response:
+    """SGLang's ``{"success", "message"}`` body. A refusal is a 400 naming the field, an engine
+    fault a 500 whose details stay in the server log, and an engine that is shutting down or
+    broken a 503."""
+    if reply.ok:
+        return JSONResponse({"success": True, "message": reply.message})
+    field = reply.data.get("field")
+    if reply.data.get("internal"):
+        return weights_failure(request, ApiError(500, "internal error"))
+    if field:
+        return weights_failure(request, ApiError(400, reply.message, param=field))
+    return weights_failure(request, ApiError(503, reply.message))
+
+
+def weights_failure(request: Request, err: ApiError) -> Response:
+    """The shared error body plus SGLang's ``success: false`` and ``message``, which weight-update
+    clients read."""
+    logger.warning("refused %s %s: %d %s", request.method, request.url.path, err.status, err.message[:300])
+    return JSONResponse({"success": False, "message": err.message, **err.body()}, status_code=err.status)
 
 
 # ---- tokenizer -----------------------------------------------------------------------------------

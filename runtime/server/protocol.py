@@ -121,8 +121,16 @@ class FlushCacheBody(_Body):
 
 
 class UpdateWeightsFromDiskBody(_Body):
-    model_path: str = Field(min_length=1)
+    model_path: str = Field(min_length=1)  # a GGUF file or a Hugging Face folder on the engine's disk
+    load_format: str | None = None  # auto (the default), gguf or safetensors
+    abort_all_requests: bool = False  # abort running requests instead of waiting for them
 
 
 class UpdateWeightsFromTensorBody(_Body):
-    tensor_file: str = Field(min_length=1)  # a safetensors file the engine can read
+    """Named tensors (Hugging Face names, any subset of the model's) as safetensors: a file the
+    engine can read, or the file's bytes base64-encoded (small updates). One of the two."""
+
+    tensor_file: str | None = Field(default=None, min_length=1)
+    safetensors_b64: str | None = Field(default=None, min_length=1)
+    abort_all_requests: bool = False
+    serialized_named_tensors: Any = None  # SGLang's pickled form: declared only to be refused

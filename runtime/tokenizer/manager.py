@@ -374,13 +374,40 @@ class TokenizerManager:
         reply = fut.result()
         return (reply.data, "") if reply.ok else (None, reply.message)
 
-    async def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
-        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), model_path=model_path), timeout=600)
-        return reply.ok, reply.message
+    async def update_weights_from_disk(
+        self, model_path: str, *, load_format: str | None = None, abort_all_requests: bool = False
+    ) -> ControlReply:
+        """Replace the weights with a checkpoint of the same architecture (see ``UpdateWeightsReq``);
+        on success ``model_info["model_path"]`` names it."""
+        msg = UpdateWeightsReq(
+            req_id=next(self._ctrl_ids),
+            model_path=model_path,
+            load_format=load_format,
+            abort_all_requests=abort_all_requests,
+        )
+        reply = await self._control(msg, timeout=600)
+        if reply.ok and reply.data.get("model_path"):
+            self.model_info["model_path"] = reply.data["model_path"]
+        return reply
 
-    async def update_weights_from_tensor(self, tensor_file: str) -> tuple[bool, str]:
-        reply = await self._control(UpdateWeightsReq(req_id=next(self._ctrl_ids), tensor_file=tensor_file), timeout=600)
-        return reply.ok, reply.message
+    async def update_weights_from_tensor(
+        self,
+        *,
+        tensor_file: str | None = None,
+        tensor_data: bytes | None = None,
+        field: str = "tensor_file",
+        abort_all_requests: bool = False,
+    ) -> ControlReply:
+        """Replace named weights from safetensors (a file the engine reads, or its bytes);
+        ``field`` is the caller's name for them, which a refusal names."""
+        msg = UpdateWeightsReq(
+            req_id=next(self._ctrl_ids),
+            tensor_file=tensor_file,
+            tensor_data=tensor_data,
+            tensor_field=field,
+            abort_all_requests=abort_all_requests,
+        )
+        return await self._control(msg, timeout=600)
 
     async def _control(self, msg: Any, timeout: float = CONTROL_TIMEOUT_S) -> ControlReply:
         if self._status == "broken":

@@ -19,6 +19,7 @@ def run_loop(script: list[tuple[bool, bool, bool]]) -> list[int]:
     message arrives, step busy); returns the iterations after which the check ran."""
     proc = object.__new__(SchedulerProcess)
     proc.running, proc._idle_checked, proc._last_stats = True, True, time.monotonic() + 1e9
+    proc._weight_updates = []
     it = iter(script)
     now: dict[str, object] = {}
     checks: list[int] = []

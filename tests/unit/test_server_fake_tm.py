@@ -26,6 +26,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.errors import InvalidRequest
+from phloem.runtime.messages import ControlReply
 from phloem.runtime.server.app import create_app
 from phloem.runtime.tokenizer.liveness import Liveness
 from phloem.runtime.tokenizer.request import GenerateRequest
@@ -71,6 +72,7 @@ class FakeTokenizerManager:
             "chat_template": FakeTokenizer.chat_template,
         }
         self.metrics: Any = None
+        self.weight_updates: list[dict[str, Any]] = []
         self.status = "serving"
         self.broken_reason = ""
         self.now = 0.0  # the heartbeat clock, in seconds
@@ -200,11 +202,29 @@ class FakeTokenizerManager:
             "version": "test",
         }
 
-    async def update_weights_from_disk(self, model_path: str) -> tuple[bool, str]:
-        return (model_path != "/bad", "loaded" if model_path != "/bad" else "no such file")
+    async def update_weights_from_disk(
+        self, model_path: str, *, load_format: str | None = None, abort_all_requests: bool = False
+    ) -> ControlReply:
+        """``/bad`` is refused as a missing file, ``/crash`` fails inside the engine."""
+        if model_path == "/bad":
+            return ControlReply(
+                req_id=0, ok=False, message="model_path: no such file", data={"field": "model_path"}
+            )
+        if model_path == "/crash":
+            return ControlReply(req_id=0, ok=False, message="internal error", data={"internal": True})
+        self.weight_updates.append({"model_path": model_path, "abort_all_requests": abort_all_requests})
+        return ControlReply(req_id=0, ok=True, message="loaded", data={"model_path": model_path})
 
-    async def update_weights_from_tensor(self, tensor_file: str) -> tuple[bool, str]:
-        return True, f"loaded {tensor_file}"
+    async def update_weights_from_tensor(
+        self,
+        *,
+        tensor_file: str | None = None,
+        tensor_data: bytes | None = None,
+        field: str = "tensor_file",
+        abort_all_requests: bool = False,
+    ) -> ControlReply:
+        self.weight_updates.append({"tensor_file": tensor_file, "tensor_data": tensor_data, "field": field})
+        return ControlReply(req_id=0, ok=True, message=f"loaded {tensor_file or len(tensor_data or b'')}")
 
     def start_shutdown(self) -> None:
         if self.status == "serving":

@@ -4,10 +4,13 @@ auth, body limit, disconnects."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
+from typing import Any
 
 import pytest
+from fastapi.testclient import TestClient
 from phloem.runtime.server.app import create_app
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -524,14 +527,56 @@ def test_tokenize_and_detokenize():
 
 
 def test_update_weights_routes():
-    client, _ = make_client()
-    r = client.post("/update_weights_from_disk", json={"model_path": "/models/new"})
-    assert r.status_code == 200 and r.json()["success"] is True
+    client, tm = make_client()
+    r = client.post("/update_weights_from_disk", json={"model_path": "/models/new", "abort_all_requests": True})
+    assert r.status_code == 200 and r.json() == {"success": True, "message": "loaded"}
+    assert tm.weight_updates[-1] == {"model_path": "/models/new", "abort_all_requests": True}
     r = client.post("/update_weights_from_disk", json={"model_path": "/bad"})
     assert r.status_code == 400 and r.json()["success"] is False
-    assert client.post("/update_weights_from_disk", json={}).status_code == 400
+    assert r.json()["error"]["param"] == "model_path" and "model_path" in r.json()["message"]
+    r = client.post("/update_weights_from_disk", json={})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model_path"
     r = client.post("/update_weights_from_tensor", json={"tensor_file": "/tmp/w.safetensors"})
     assert r.status_code == 200 and r.json()["message"] == "loaded /tmp/w.safetensors"
+    r = client.post("/update_weights_from_tensor", json={"safetensors_b64": base64.b64encode(b"abc").decode()})
+    assert r.status_code == 200 and tm.weight_updates[-1]["tensor_data"] == b"abc"
+    assert tm.weight_updates[-1]["field"] == "safetensors_b64"
+
+
+def test_update_weights_refusals_name_the_field():
+    client, tm = make_client()
+    for body, param in [
+        ({}, "tensor_file"),
+        ({"tensor_file": "/a", "safetensors_b64": "YQ=="}, "tensor_file"),
+        ({"safetensors_b64": "not base64!"}, "safetensors_b64"),
+        ({"serialized_named_tensors": ["gASV"]}, "serialized_named_tensors"),  # pickled: never read
+    ]:
+        r = client.post("/update_weights_from_tensor", json=body)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (body, r.json())
+        assert r.json()["success"] is False
+    assert tm.weight_updates == []  # nothing reached the engine
+
+
+def test_update_weights_engine_fault_is_a_generic_500():
+    client, _ = make_client()
+    r = client.post("/update_weights_from_disk", json={"model_path": "/crash"})
+    assert r.status_code == 500
+    assert r.json()["success"] is False and r.json()["message"] == "internal error"
+    assert r.json()["error"]["message"] == "internal error"
+
+
+def test_unexpected_exception_does_not_reach_the_client():
+    client, tm = make_client()
+
+    async def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("secret /home/path detail")
+
+    tm.update_weights_from_disk = boom
+    r = TestClient(client.app, raise_server_exceptions=False).post(
+        "/update_weights_from_disk", json={"model_path": "/x"}
+    )
+    assert r.status_code == 500 and r.json()["error"]["message"] == "internal error"
+    assert "secret" not in r.text and "RuntimeError" not in r.text
 
 
 def test_metrics_parse_and_count_requests():
