@@ -329,12 +329,13 @@ async def update_weights_from_disk(request: Request) -> Response:
     try:
         body = await parse_body(request, UpdateWeightsFromDiskBody)
         require_serving(get_tm(request))
+        _check_update_options(body)
     except ApiError as err:
         return weights_failure(request, err)
     reply = await get_tm(request).update_weights_from_disk(
         body.model_path, load_format=body.load_format, abort_all_requests=body.abort_all_requests
     )
-    return weights_response(request, reply)
+    return weights_response(request, reply, body.weight_version)
 
 
 @router.post("/update_weights_from_tensor")
@@ -342,6 +343,9 @@ async def update_weights_from_tensor(request: Request) -> Response:
     try:
         body = await parse_body(request, UpdateWeightsFromTensorBody)
         require_serving(get_tm(request))
+        _check_update_options(body)
+        if body.load_format is not None:
+            raise ApiError(400, "load_format: not supported for tensors (send safetensors)", param="load_format")
         data = _inline_tensors(body)
     except ApiError as err:
         return weights_failure(request, err)
@@ -354,7 +358,17 @@ async def update_weights_from_tensor(request: Request) -> Response:
         reply = await tm.update_weights_from_tensor(
             tensor_file=body.tensor_file, field="tensor_file", abort_all_requests=body.abort_all_requests
         )
-    return weights_response(request, reply)
+    return weights_response(request, reply, body.weight_version)
+
+
+def _check_update_options(body: UpdateWeightsFromDiskBody | UpdateWeightsFromTensorBody) -> None:
+    if not body.flush_cache:
+        raise ApiError(
+            400,
+            "flush_cache: must be true: the prefix cache is always flushed after an update (its KV "
+            "came from the old weights)",
+            param="flush_cache",
+        )
 
 
 def _inline_tensors(body: UpdateWeightsFromTensorBody) -> bytes | None:
@@ -377,11 +391,13 @@ def _inline_tensors(body: UpdateWeightsFromTensorBody) -> bytes | None:
         raise ApiError(400, f"safetensors_b64: not base64: {e}", param="safetensors_b64") from None
 
 
-def weights_response(request: Request, reply: Any) -> Response:
+def weights_response(request: Request, reply: Any, weight_version: str | None = None) -> Response:
     """SGLang's ``{"success", "message"}`` body. A refusal is a 400 naming the field, an engine
     fault a 500 whose details stay in the server log, and an engine that is shutting down or
     broken a 503."""
     if reply.ok:
+        if weight_version is not None:  # reported by /get_model_info from now on
+            get_tm(request).model_info["weight_version"] = weight_version
         return JSONResponse({"success": True, "message": reply.message})
     field = reply.data.get("field")
     if reply.data.get("internal"):

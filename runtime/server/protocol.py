@@ -124,6 +124,8 @@ class UpdateWeightsFromDiskBody(_Body):
     model_path: str = Field(min_length=1)  # a GGUF file or a Hugging Face folder on the engine's disk
     load_format: str | None = None  # auto (the default), gguf or safetensors
     abort_all_requests: bool = False  # abort running requests instead of waiting for them
+    flush_cache: bool = True  # SGLang's; only true: cached KV came from the old weights
+    weight_version: str | None = None  # SGLang's: a label /get_model_info reports afterwards
 
 
 class UpdateWeightsFromTensorBody(_Body):
@@ -133,4 +135,7 @@ class UpdateWeightsFromTensorBody(_Body):
     tensor_file: str | None = Field(default=None, min_length=1)
     safetensors_b64: str | None = Field(default=None, min_length=1)
     abort_all_requests: bool = False
+    flush_cache: bool = True
+    weight_version: str | None = None
     serialized_named_tensors: Any = None  # SGLang's pickled form: declared only to be refused
+    load_format: str | None = None  # SGLang's; only its default (the tensors' own form)

@@ -526,6 +526,19 @@ def test_tokenize_and_detokenize():
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
 
 
+def test_update_weights_take_sglangs_weight_version_and_flush_cache():
+    client, tm = make_client()
+    body = {"model_path": "/models/new", "weight_version": "step-7", "flush_cache": True}
+    assert client.post("/update_weights_from_disk", json=body).status_code == 200
+    assert client.get("/get_model_info").json()["weight_version"] == "step-7"
+    r = client.post("/update_weights_from_disk", json={"model_path": "/models/new", "flush_cache": False})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "flush_cache"
+    r = client.post("/update_weights_from_tensor", json={"tensor_file": "/w", "load_format": "direct"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "load_format"
+    r = client.post("/update_weights_from_disk", json={"model_path": "/bad", "weight_version": "step-8"})
+    assert r.status_code == 400 and client.get("/get_model_info").json()["weight_version"] == "step-7"
+
+
 def test_update_weights_routes():
     client, tm = make_client()
     r = client.post("/update_weights_from_disk", json={"model_path": "/models/new", "abort_all_requests": True})
