@@ -1,9 +1,9 @@
 """``python -m phloem.bench.soak``: a long mixed load against a running server, then a leak check.
 
     python -m phloem.bench.soak --base-url http://127.0.0.1:30000 --pid <server pid> \\
-        --requests 10000 --duration 3600 --output soak.json
+        --requests 10000 --duration-s 3600 --output soak.json
 
-Requests are spread evenly over ``--duration`` (at most ``--concurrency`` in flight) and mix prompt
+Requests are spread evenly over ``--duration-s`` (at most ``--concurrency`` in flight) and mix prompt
 and output lengths, grammars (json_schema, regex), streamed and whole answers, aborts through
 ``/abort_request`` and clients that disconnect mid-stream. ``/get_server_info`` (and the RSS of the
 server's process tree, with ``--pid``) is sampled during the run. At the end the tool waits for the

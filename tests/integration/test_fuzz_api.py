@@ -7,7 +7,10 @@ field; never a 5xx, never a hang. After the run the server still answers a fixed
 did before, reports healthy, and its KV pool is idle.
 
 The runs are derandomized (the same bodies on every run) and bounded in examples; a failure prints
-the body that caused it, shrunk, and the server's answer.
+the body that caused it, shrunk, and the server's answer. The module has its own server: a body that
+breaks it must not fail the rest of the suite, and once it is broken no later body is counted (each
+is rejected), so the body reported is the one that broke it. Bodies that broke the server once are
+replayed as they were found, after the generated ones.
 """
 
 from __future__ import annotations
@@ -17,23 +20,31 @@ from typing import Any
 
 import pytest
 import requests
-from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import HealthCheck, event, given, note, reject, settings
 
-from .conftest import pool_is_idle
+from .conftest import ServerProcess, pool_is_idle
 from .fuzz_bodies import MAX_GEN, chat_body, completion_body, encode, generate_body
 
 TIMEOUT = (5.0, 60.0)  # connect, read: a request that hangs fails the property
 PROBE = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
 NATIVE_FINISH = {"length", "stop"}
 OPENAI_FINISH = {"length", "stop", "tool_calls"}
-# about 30 s per route on two busy cores; chat bodies render a template and often a grammar
+# a few seconds per route on two idle cores, about 30 s on busy ones; chat bodies cost the most
 FUZZ = settings(
-    max_examples=40,
+    max_examples=60,
     deadline=None,
     derandomize=True,
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess()
+    srv.wait_ready()
+    yield srv
+    srv.stop()
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +55,16 @@ def before(server) -> dict[str, Any]:
     return r.json()
 
 
+def serving(server) -> bool:
+    try:
+        return requests.get(server.url + "/health", timeout=10).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def send(server, path: str, body: dict[str, Any]) -> requests.Response:
+    if not serving(server):
+        reject()  # broken by an earlier body: this one proves nothing
     data = encode(body)
     note(f"POST {path} {data[:2000]!r}")
     try:
@@ -56,6 +76,11 @@ def send(server, path: str, body: dict[str, Any]) -> requests.Response:
     note(f"-> {r.status_code} {r.text[:2000]}")
     event(f"status {r.status_code}")  # shown by --hypothesis-show-statistics
     return r
+
+
+def send_plain(server, path: str, body: dict[str, Any]) -> requests.Response:
+    return requests.post(server.url + path, data=encode(body), headers={"content-type": "application/json"},
+                         timeout=TIMEOUT)
 
 
 # ---- the property --------------------------------------------------------------------------------
@@ -153,7 +178,7 @@ def test_fuzz_completions(server, before):
 
 
 def test_fuzz_chat_completions(server, before):
-    @settings(FUZZ, max_examples=25)
+    @settings(FUZZ, max_examples=40)
     @given(body=chat_body())
     def run(body: dict[str, Any]) -> None:
         check_answer(send(server, "/v1/chat/completions", body), body, openai_shape("chat.completion"))
@@ -161,15 +186,40 @@ def test_fuzz_chat_completions(server, before):
     run()
 
 
+# ---- bodies the fuzzing found, minimised ---------------------------------------------------------
+HUGE = 10**30
+FOUND = [
+    ("/generate", {"text": "hi", "priority": HUGE, "sampling_params": {"max_new_tokens": 1}}),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "top_k": HUGE}}),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "stream_interval": HUGE}}),
+]
+# top_k in [2**63, 2**64): it crosses to the scheduler, whose process then dies. Last in the module.
+KILLER = ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "top_k": 2**63}})
+
+
+@pytest.mark.parametrize("path, body", FOUND, ids=["priority-huge", "top-k-huge", "stream-interval-huge"])
+def test_found_bodies(server, path, body):
+    r = send_plain(server, path, body)
+    check_answer(r, body, native_shape)
+    assert serving(server)
+
+
 def test_server_unchanged_after_fuzzing(server, before):
-    """Runs last in this file: the same greedy answer, healthy, and nothing left in the KV pool."""
+    """The same greedy answer, healthy, and nothing left in the KV pool."""
     import time
 
     r = requests.post(server.url + "/generate", json=PROBE, timeout=60)
     assert r.status_code == 200, r.text
     assert (r.json()["text"], r.json()["output_ids"]) == (before["text"], before["output_ids"])
-    assert requests.get(server.url + "/health", timeout=10).status_code == 200
+    assert serving(server)
     deadline = time.time() + 15
     while not pool_is_idle(info := requests.get(server.url + "/get_server_info", timeout=10).json()):
         assert time.time() < deadline, f"KV pool not idle: {info['live']}"
         time.sleep(0.2)
+
+
+def test_found_body_that_killed_the_scheduler(server):
+    path, body = KILLER
+    check_answer(send_plain(server, path, body), body, native_shape)
+    assert serving(server), requests.get(server.url + "/health", timeout=10).text
+
