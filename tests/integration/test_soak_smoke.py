@@ -8,7 +8,7 @@ from phloem.bench.soak import KINDS, SoakOptions, run
 
 
 def test_soak_smoke_reports_and_the_pool_returns_to_idle(server):
-    opts = SoakOptions(requests=40, duration_s=20.0, concurrency=8, max_prompt_words=20, max_new_tokens=4,
+    opts = SoakOptions(requests=40, duration_s=20.0, concurrency=4, max_prompt_words=20, max_new_tokens=4,
                        windows=2, sample_interval_s=2.0, idle_timeout_s=30.0, request_timeout_s=120.0)
     report = asyncio.run(run(server.url, opts, pid=server.proc.pid))
 
