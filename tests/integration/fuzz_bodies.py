@@ -248,7 +248,8 @@ INPUT_IDS = hostile(
 # a batch of sampling params is one per prompt; each entry is bounded like a single one
 SAMPLING = Field(
     sampling_params() | st.lists(sampling_params(), min_size=1, max_size=3),
-    st.one_of(scalar_junk.filter(lambda v: v is not None), st.just([]), st.lists(scalar_junk, min_size=1, max_size=2)),
+    # not [] or null: the server reads them as the default length
+    st.one_of(scalar_junk.filter(lambda v: v is not None), st.lists(scalar_junk, min_size=1, max_size=2)),
 )
 
 

@@ -188,19 +188,32 @@ def test_fuzz_chat_completions(server, before):
 
 # ---- bodies the fuzzing found, minimised ---------------------------------------------------------
 HUGE = 10**30
-FOUND = [
-    ("/generate", {"text": "hi", "priority": HUGE, "sampling_params": {"max_new_tokens": 1}}),
-    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "top_k": HUGE}}),
-    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "stream_interval": HUGE}}),
-]
+SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}'
+CHAT = [{"role": "user", "content": "hi"}]
+FOUND = {
+    "priority-huge": ("/generate", {"text": "hi", "priority": HUGE, "sampling_params": {"max_new_tokens": 1}}),
+    "top-k-huge": ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "top_k": HUGE}}),
+    "stream-interval-huge": (
+        "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "stream_interval": HUGE}}
+    ),
+    "custom-params-huge-int": (
+        "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "custom_params": {"a": HUGE}}}
+    ),
+    "chat-top-k-2**64": ("/v1/chat/completions", {"messages": CHAT, "max_tokens": 1, "top_k": 2**64}),
+    "json-schema-tiny-repetition-penalty": (
+        "/generate",
+        {"text": "hi", "sampling_params": {"max_new_tokens": 3, "repetition_penalty": 1e-62, "json_schema": SCHEMA}},
+    ),
+}
+SHAPES = {"/generate": native_shape, "/v1/chat/completions": openai_shape("chat.completion")}
 # top_k in [2**63, 2**64): it crosses to the scheduler, whose process then dies. Last in the module.
 KILLER = ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 1, "top_k": 2**63}})
 
 
-@pytest.mark.parametrize("path, body", FOUND, ids=["priority-huge", "top-k-huge", "stream-interval-huge"])
-def test_found_bodies(server, path, body):
-    r = send_plain(server, path, body)
-    check_answer(r, body, native_shape)
+@pytest.mark.parametrize("case", list(FOUND))
+def test_found_bodies(server, case):
+    path, body = FOUND[case]
+    check_answer(send_plain(server, path, body), body, SHAPES[path])
     assert serving(server)
 
 
