@@ -144,7 +144,9 @@ def build_report(records: list[Record], samples: list[Sample], before: dict[str,
     return {
         "options": asdict(opts),
         "elapsed_s": elapsed_s,
-        "requests": {"sent": len(records), "by_kind": kinds, "by_status": dict(sorted(statuses.items()))},
+        "requests": {"sent": len(records), "by_kind": kinds, "by_status": dict(sorted(statuses.items())),
+                     "p50_s_by_kind": {k: percentile([r.latency_s for r in records if r.kind == k], 0.5)
+                                       for k in sorted(kinds)}},
         "latency_windows": windows,
         **stability,
         "p99_factor": opts.p99_factor,
