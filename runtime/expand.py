@@ -59,6 +59,8 @@ def expand(call: GenerateCall, vocab_size: int | None = None) -> tuple[list[Gene
         When the call is malformed; the error names the field.
     """
     prompts, answer_list = _prompts(call, vocab_size)
+    if call.priority is not None and not -(2**31) <= call.priority < 2**31:
+        raise InvalidRequest("priority", f"must be a 32-bit integer, got {call.priority}")
     size = len(prompts)
     params = _sampling_params(call.sampling_params, size)
     rids = _rids(call.rid, size)

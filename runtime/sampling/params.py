@@ -197,11 +197,15 @@ def _show(v: Any) -> str:
 
 
 def _int(field: str, v: Any, lo: int | None = None, hi: int | None = None) -> int:
+    """An integer in ``[lo, hi]``; without bounds, within int64, which every integer crossing to
+    the scheduler (msgpack) and into a tensor must fit."""
     if not _is_int(v):
         raise InvalidRequest(field, f"must be an integer, got {_show(v)}")
-    if lo is not None and v < lo:
+    lo = -_INT64_MAX - 1 if lo is None else lo
+    hi = _INT64_MAX if hi is None else hi
+    if v < lo:
         raise InvalidRequest(field, f"must be >= {lo}, got {v}")
-    if hi is not None and v > hi:
+    if v > hi:
         raise InvalidRequest(field, f"must be <= {hi}, got {v}")
     return int(v)
 
@@ -340,6 +344,10 @@ def _seed(field: str, v: Any) -> int:
 def _dict(field: str, v: Any) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise InvalidRequest(field, f"must be an object, got {_show(v)}")
+    try:  # it travels to the scheduler inside the request's message
+        msgspec.msgpack.encode(v)
+    except (OverflowError, TypeError, ValueError) as exc:
+        raise InvalidRequest(field, f"cannot be sent on: {exc}") from None
     return v
 
 

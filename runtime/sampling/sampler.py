@@ -208,6 +208,9 @@ def process_logits(
             presence=info.presence_penalties,
             repetition=info.repetition_penalties,
         )
+        # a tiny repetition penalty can push a logit past float range: +inf would make softmax
+        # NaN and let a masked token be drawn; the largest finite value keeps its rank instead
+        x = torch.nan_to_num(x, nan=float("-inf"), posinf=torch.finfo(x.dtype).max, neginf=float("-inf"))
     return x
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.encoders import jsonable_encoder
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.expand import GenerateCall, expand, per_sample, tokenizer_vocab_size
 from phloem.runtime.metrics import CONTENT_TYPE
@@ -279,13 +279,14 @@ def _finite(value: float) -> float | None:
     return value if value == value and value not in (float("inf"), float("-inf")) else None
 
 
-@router.get("/metrics")
+@router.get("/metrics", response_class=PlainTextResponse)  # Prometheus text, as the schema says
 async def metrics(request: Request) -> Response:
     return Response(get_tm(request).metrics.render(), media_type=CONTENT_TYPE)
 
 
 # ---- cache, aborts, weights ----------------------------------------------------------------------
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+@router.get("/flush_cache", operation_id="flush_cache_get")
+@router.post("/flush_cache", operation_id="flush_cache_post")
 async def flush_cache(request: Request) -> Response:
     timeout = _query_timeout(request)
     if request.method == "POST" and timeout is None:

@@ -273,6 +273,21 @@ def test_repetition_penalty_divides_and_multiplies():
     assert x.tolist() == [[1.0, -2.0, 1.5, -3.0]]
 
 
+def test_a_tiny_repetition_penalty_never_lets_a_masked_token_be_drawn():
+    """logit / 1e-62 overflows to +inf; softmax over it would be NaN and could draw any token."""
+    logits = torch.full((1, V), 3.0)
+    mask = torch.zeros(1, 1, dtype=torch.int32)
+    mask[0, 0] = (1 << 4) | (1 << 5)  # the grammar allows tokens 4 and 5 only
+    p = SamplingParams(temperature=0.7, repetition_penalty=1e-62, sampling_seed=1)
+    for seen in ([4], [4, 5], [7]):
+        info = info_for([p], output_ids=[seen], vocab_mask=mask)
+        x = sampler_mod.process_logits(logits, info)
+        assert not torch.isnan(x).any() and not torch.isposinf(x).any()
+        for step in range(20):
+            info = info_for([p], output_ids=[seen], vocab_mask=mask, steps=[step])
+            assert Sampler()(logits, info).item() in (4, 5)
+
+
 def test_logit_bias():
     logits = torch.zeros(2, V)
     params = [

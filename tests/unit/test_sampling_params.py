@@ -247,3 +247,20 @@ def test_crosses_to_the_scheduler_as_itself_without_a_second_check(monkeypatch):
     assert type(got) is SamplingParams and got == p
     with pytest.raises(AssertionError):  # building one outside a decode still checks it
         SamplingParams(max_new_tokens=1)
+
+
+@pytest.mark.parametrize(
+    ("wire", "field"),
+    [
+        ({"top_k": 2**63}, "top_k"),
+        ({"top_k": 10**30}, "top_k"),
+        ({"stream_interval": 10**30}, "stream_interval"),
+        ({"max_new_tokens": 2**64}, "max_new_tokens"),
+        ({"custom_params": {"a": 10**30}}, "custom_params"),
+    ],
+)
+def test_integers_past_int64_are_refused_before_they_reach_the_scheduler(wire, field):
+    """They cannot be encoded into the scheduler's message, nor held by an int64 tensor."""
+    with pytest.raises(InvalidRequest) as err:
+        SamplingParams.from_wire(wire)
+    assert err.value.field == f"sampling_params.{field}"

@@ -108,6 +108,8 @@ CASES = [
     ("rid-count-mismatch", G, {"text": ["a", "b"], "rid": ["x"]}, 400, "rid"),
     ("rid-duplicates", G, {"text": ["a", "b"], "rid": ["x", "x"]}, 400, "rid"),
     ("priority-string", G, {"text": "a", "priority": "high"}, 400, "priority"),
+    ("priority-huge", G, {"text": "a", "priority": 10**30}, 400, "priority: must be a 32-bit integer"),
+    ("top-k-past-int64", G, {"text": "a", "sampling_params": {"top_k": 2**63}}, 400, "sampling_params.top_k"),
     ("tokenize-missing-prompt", "/v1/tokenize", {}, 400, "prompt"),
     ("detokenize-wrong-type", "/v1/detokenize", {"tokens": "abc"}, 400, "tokens"),
     ("abort-rid-wrong-type", "/abort_request", {"rid": 5}, 400, "rid"),
