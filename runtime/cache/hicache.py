@@ -519,6 +519,31 @@ def host_pool_tokens(device_pool: KVPool, *, ratio: float, size_gb: float | None
     return int(ratio * device_pool.size)
 
 
+HOST_MEMORY_SHARE = 0.8  # of the memory available at start: the rest is the process's own and the OS's
+
+
+def available_host_bytes() -> int | None:
+    """Host memory available now (Linux ``MemAvailable``), or None where the OS does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_host_memory(pool_bytes: int, available: int | None) -> None:
+    """Refuse a host pool the machine cannot hold: allocating it would get the process killed by
+    the kernel's out-of-memory killer, with no message, rather than fail."""
+    if available is not None and pool_bytes > HOST_MEMORY_SHARE * available:
+        raise ValueError(
+            f"the host KV pool would take {pool_bytes / 2**30:.1f} GiB of host memory, but only "
+            f"{available / 2**30:.1f} GiB are available; lower --hicache-ratio or set --hicache-size"
+        )
+
+
 def build_hicache(
     device_pool: KVPool,
     tree: RadixTree,
@@ -540,6 +565,7 @@ def build_hicache(
         raise ValueError(
             f"the host KV pool would hold {tokens} tokens; raise --hicache-ratio or --hicache-size"
         )
+    check_host_memory(tokens * device_pool.bytes_per_token, available_host_bytes())
     host = HostKVPool.like(device_pool, tokens, check=check)
     storage = None
     if storage_backend not in (None, "", "none"):

@@ -368,3 +368,14 @@ def test_cuda_pool_round_trips_through_pinned_host_memory(policy):
     s.run(a)
     s.run(seq(500, 40))
     assert s.run(a + [1]) == {"device": 0, "host": 40, "storage": 0}
+
+
+def test_a_host_pool_larger_than_the_machine_is_refused_naming_the_options():
+    from phloem.runtime.cache.hicache import available_host_bytes, check_host_memory
+
+    check_host_memory(10 * 2**30, None)  # unknown: allowed
+    check_host_memory(7 * 2**30, 10 * 2**30)
+    with pytest.raises(ValueError, match="--hicache-ratio or set --hicache-size"):
+        check_host_memory(9 * 2**30, 10 * 2**30)
+    avail = available_host_bytes()
+    assert avail is None or avail > 0
