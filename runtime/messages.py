@@ -70,13 +70,65 @@ class UpdateWeightsReq(msgspec.Struct, tag=True, kw_only=True):
     tensor_data: bytes | None = None
     tensor_field: str = "tensor_file"  # the client's name for the tensors, for refusals
     abort_all_requests: bool = False
+    flush_cache: bool = True  # False keeps the prefix cache (its KV came from the old weights)
+
+
+class InitWeightsGroupReq(msgspec.Struct, tag=True, kw_only=True):
+    """Join a trainer's process group for weight broadcasts, as rank ``rank_offset`` of
+    ``world_size`` (the trainer is rank 0); see :mod:`phloem.runtime.executor.weight_group`."""
+
+    req_id: int
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedReq(msgspec.Struct, tag=True, kw_only=True):
+    """Receive named tensors broadcast by rank 0 of ``group_name``, in this order, then copy them
+    into the weights in place (checked against the model before anything is received)."""
+
+    req_id: int
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
+class DestroyWeightsGroupReq(msgspec.Struct, tag=True, kw_only=True):
+    req_id: int
+    group_name: str = "weight_update_group"
+
+
+class GetWeightsReq(msgspec.Struct, tag=True, kw_only=True):
+    """The first ``truncate_size`` rows of the weight a checkpoint tensor ``name`` lands in; the
+    reply's ``data["values"]`` holds them as nested lists."""
+
+    req_id: int
+    name: str
+    truncate_size: int = 100
 
 
 class ShutdownReq(msgspec.Struct, tag=True, kw_only=True):
     pass
 
 
-ToScheduler = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetStatsReq | UpdateWeightsReq | ShutdownReq
+ToScheduler = (
+    TokenizedGenerateReq
+    | AbortReq
+    | FlushCacheReq
+    | GetStatsReq
+    | UpdateWeightsReq
+    | InitWeightsGroupReq
+    | UpdateWeightsFromDistributedReq
+    | DestroyWeightsGroupReq
+    | GetWeightsReq
+    | ShutdownReq
+)
 
 # ---------------------------------------------------------------------------- to the detokenizer
 
