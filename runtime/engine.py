@@ -11,6 +11,7 @@ works from any thread and the async API (``async_generate``) works from any runn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -188,16 +189,30 @@ class Engine:
         abort_all_requests: bool = False,
     ) -> tuple[bool, str]:
         """Copy named tensors (Hugging Face names, any subset of the model's) into the loaded
-        weights in place; ``(success, message)``. They travel to the engine as a safetensors file
-        in shared memory (``/dev/shm`` where there is one), which the engine reads and this call
-        removes once answered: the message itself carries only the path."""
+        weights in place; ``(success, message)``.
+
+        On an engine running on CUDA, CUDA tensors are shared by IPC handle (the engine copies
+        straight from them; this call holds them until it answers). The others travel as a
+        safetensors file in shared memory (``/dev/shm`` where there is one), which the engine
+        reads and this call removes once answered: the message carries only the path.
+        """
         from phloem.runtime.shm_tensors import shared_safetensors
 
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        with shared_safetensors(items) as path:
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        on_cuda = str(self.tm.scheduler_info.get("device", "cpu")).startswith("cuda")
+        shared = [(name, t) for name, t in items if on_cuda and t.is_cuda]
+        host = [(name, t) for name, t in items if not (on_cuda and t.is_cuda)]
+        ipc = []
+        if shared:
+            from phloem.runtime.cuda_ipc import share
+
+            torch_cuda_sync()  # the tensors' values must be written before the engine reads them
+            ipc = [share(name, t) for name, t in shared]
+        with contextlib.ExitStack() as stack:
+            path = stack.enter_context(shared_safetensors(host)) if host or not ipc else None
             reply = self._call(
                 self.tm.update_weights_from_tensor(
-                    tensor_file=path, field="named_tensors", abort_all_requests=abort_all_requests
+                    tensor_file=path, cuda_ipc=ipc, field="named_tensors", abort_all_requests=abort_all_requests
                 )
             )
         return reply.ok, reply.message
@@ -303,3 +318,10 @@ class Engine:
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+
+def torch_cuda_sync() -> None:
+    """Wait for this process's queued CUDA work (another process is about to read its tensors)."""
+    import torch
+
+    torch.cuda.synchronize()

@@ -6,9 +6,8 @@ master_port``); the engine's scheduler joins as rank ``rank_offset``. The group 
 from the store (``ProcessGroupGloo`` or ``ProcessGroupNCCL``), not through
 ``torch.distributed.init_process_group``: the engine and the trainer are independent jobs, and a
 default group in the scheduler process would tie it to one trainer for good. Store keys sit under
-``<group_name>/<device>/`` (``cpu`` for gloo, ``cuda`` for nccl), the layout torch gives a named
-group, so a trainer may build its side with :func:`join_group` (rank 0) or with torch's own group
-helpers under the same name.
+``<group_name>/<device>/`` (``cpu`` for gloo, ``cuda`` for nccl). A trainer builds its side with
+:func:`join_group` as rank 0 and broadcasts with :meth:`WeightGroup.send`.
 
 An update is checked against the model (names, shapes, dtypes) before anything is received, since
 a refused update must not leave the trainer's broadcast half-consumed. Tensors arrive in new

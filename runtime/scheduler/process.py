@@ -290,12 +290,17 @@ class SchedulerProcess:
             runner.update_source(msg.model_path, msg.load_format)
             return
         field = msg.tensor_field
-        if msg.tensor_data is not None:
-            tensors = wu.read_safetensors_bytes(msg.tensor_data, field)
-        elif msg.tensor_file is not None:
-            tensors = wu.read_safetensors_file(msg.tensor_file, field)
-        else:
+        if msg.tensor_data is None and msg.tensor_file is None and not msg.cuda_ipc:
             raise InvalidRequest(field, "no tensors given")
+        tensors = {}
+        if msg.tensor_data is not None:
+            tensors.update(wu.read_safetensors_bytes(msg.tensor_data, field))
+        if msg.tensor_file is not None:
+            tensors.update(wu.read_safetensors_file(msg.tensor_file, field))
+        if msg.cuda_ipc:
+            from phloem.runtime.cuda_ipc import open_shared
+
+            tensors.update({spec.name: open_shared(spec, field) for spec in msg.cuda_ipc})
         wu.plan_named_copy(runner.model, tensors, field)  # names and shapes; nothing is written
         self._tensors[msg.req_id] = tensors
 

@@ -28,6 +28,7 @@ from phloem.runtime.messages import (
     BatchStrOut,
     Codec,
     ControlReply,
+    CudaIpcTensor,
     FlushCacheReq,
     GetStatsReq,
     Heartbeat,
@@ -398,15 +399,18 @@ class TokenizerManager:
         *,
         tensor_file: str | None = None,
         tensor_data: bytes | None = None,
+        cuda_ipc: list[CudaIpcTensor] | None = None,
         field: str = "tensor_file",
         abort_all_requests: bool = False,
     ) -> ControlReply:
-        """Replace named weights from safetensors (a file the engine reads, or its bytes);
-        ``field`` is the caller's name for them, which a refusal names."""
+        """Replace named weights from safetensors (a file the engine reads, or its bytes) and/or
+        CUDA tensors shared by IPC handle; ``field`` is the caller's name for them, which a
+        refusal names."""
         msg = UpdateWeightsReq(
             req_id=next(self._ctrl_ids),
             tensor_file=tensor_file,
             tensor_data=tensor_data,
+            cuda_ipc=cuda_ipc or [],
             tensor_field=field,
             abort_all_requests=abort_all_requests,
         )

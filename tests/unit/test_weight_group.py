@@ -185,3 +185,15 @@ def test_shared_safetensors_file_is_removed_after_use():
         back = load_file(path)
         assert torch.equal(back["a"], base) and torch.equal(back["a_row"], base[1])
     assert not os.path.exists(path)
+
+
+def test_cuda_ipc_tensors_are_refused_without_cuda():
+    from phloem.runtime.cuda_ipc import open_shared, share
+    from phloem.runtime.messages import CudaIpcTensor
+
+    spec = CudaIpcTensor(name=UP, size=[2], stride=[1], offset=0, dtype="float32", device=0, handle=b"h",
+                         storage_size=8, storage_offset=0, ref_counter_handle=b"r", ref_counter_offset=0)  # fmt: skip
+    if not torch.cuda.is_available():
+        assert "no CUDA device" in refused("named_tensors", open_shared, spec)
+    with pytest.raises(ValueError):
+        share(UP, torch.zeros(2))  # a CPU tensor has no IPC handle
