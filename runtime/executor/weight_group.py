@@ -69,6 +69,9 @@ class WeightGroup:
             buf = torch.empty(spec.shape, dtype=spec.dtype, device=self.device)
             self._broadcast(buf)
             out[spec.name] = buf
+        if self.device.type == "cuda":
+            # received on this thread's stream: done before another thread's stream copies them
+            torch.cuda.synchronize(self.device)
         return out
 
     def send(self, tensors: list[torch.Tensor]) -> None:

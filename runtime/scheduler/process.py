@@ -125,9 +125,6 @@ class SchedulerProcess:
             arrived = self.receive(block=idle)
             t1 = time.perf_counter()
             busy = self.scheduler.step()
-            if self.weight_sync.pending:
-                for done in self.weight_sync.finished():
-                    self._on_group_job_done(done)
             if self._weight_updates and self.scheduler.is_idle:
                 self._run_weight_updates()
             if trace is not None:
@@ -156,9 +153,13 @@ class SchedulerProcess:
     def receive(self, *, block: bool) -> bool:
         """Handle every waiting message (waiting up to 200 ms for one when ``block``); whether any
         came. A message's frames are messages sent together (the tokenizer manager's requests of
-        one event-loop turn), handled in order."""
+        one event-loop turn), handled in order. Group jobs finished since the last call (a join,
+        a received broadcast) are answered or queued first."""
         timeout = 200 if block else 0
         self._received = 0
+        if self.weight_sync.pending:  # joins and broadcasts finished on the group thread
+            for done in self.weight_sync.finished():
+                self._on_group_job_done(done)
         while self.inp.poll(timeout):
             for frame in self.inp.recv_multipart():
                 msg = self.codec_in.decode(frame)
