@@ -204,9 +204,10 @@ class Engine:
         host = [(name, t) for name, t in items if not (on_cuda and t.is_cuda)]
         ipc = []
         if shared:
+            import torch
             from phloem.runtime.cuda_ipc import share
 
-            torch_cuda_sync()  # the tensors' values must be written before the engine reads them
+            torch.cuda.synchronize()  # their values must be written before the engine reads them
             ipc = [share(name, t) for name, t in shared]
         with contextlib.ExitStack() as stack:
             path = stack.enter_context(shared_safetensors(host)) if host or not ipc else None
@@ -318,10 +319,3 @@ class Engine:
 
     def _call(self, coro: Any, timeout: float | None = None) -> Any:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-
-def torch_cuda_sync() -> None:
-    """Wait for this process's queued CUDA work (another process is about to read its tensors)."""
-    import torch
-
-    torch.cuda.synchronize()

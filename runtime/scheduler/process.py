@@ -253,12 +253,15 @@ class SchedulerProcess:
         """Answer a finished join or destroy; a received update is queued like a tensor update
         (applied once no request runs)."""
         msg = done.msg
+        joining = isinstance(msg, InitWeightsGroupReq)
         if done.error is not None:
-            what = "join" if isinstance(msg, InitWeightsGroupReq) else "receive" if isinstance(
-                msg, UpdateWeightsFromDistributedReq) else "leave"
-            field = "master_address" if isinstance(msg, InitWeightsGroupReq) else "group_name"
-            logger.warning("weight group %s: could not %s: %s", msg.group_name, what, done.error)
-            err = InvalidRequest(field, f"could not {what} group {msg.group_name!r}: {done.error}")
+            # the trainer's side failed (unreachable store, a broadcast that never came): the
+            # client's to fix, so a refusal naming where the group came from
+            what = {InitWeightsGroupReq: "join", UpdateWeightsFromDistributedReq: "receive over"}.get(type(msg), "leave")
+            err = InvalidRequest(
+                "master_address" if joining else "group_name",
+                f"could not {what} group {msg.group_name!r}: {done.error}",
+            )
             self._send_tm(_refusal(msg, err))
         elif isinstance(msg, UpdateWeightsFromDistributedReq):
             self._tensors[msg.req_id] = done.result
@@ -266,7 +269,8 @@ class SchedulerProcess:
                 UpdateWeightsReq(req_id=msg.req_id, tensor_field="names", flush_cache=msg.flush_cache)
             )
         else:
-            self._send_tm(ControlReply(req_id=msg.req_id, ok=True, message=f"{msg.group_name}: done"))
+            message = f"joined group {msg.group_name!r}" if joining else f"left group {msg.group_name!r}"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=True, message=message))
 
     def _on_get_weights(self, msg: GetWeightsReq) -> None:
         from phloem.runtime.executor.weight_update import weight_values
