@@ -5,9 +5,12 @@ The trainer is rank 0 and hosts the rendezvous store (a ``TCPStore`` at ``master
 master_port``); the engine's scheduler joins as rank ``rank_offset``. The group is built directly
 from the store (``ProcessGroupGloo`` or ``ProcessGroupNCCL``), not through
 ``torch.distributed.init_process_group``: the engine and the trainer are independent jobs, and a
-default group in the scheduler process would tie it to one trainer for good. Store keys sit under
-``<group_name>/<device>/`` (``cpu`` for gloo, ``cuda`` for nccl). A trainer builds its side with
-:func:`join_group` as rank 0 and broadcasts with :meth:`WeightGroup.send`.
+default group in the scheduler process would tie it to one trainer for good. The store keys are
+laid out as those of a group that a trainer written for SGLang builds (a ``tcp://`` rendezvous,
+the store prefixed with the group's name, then torch's named-group helper, which adds
+``<group_name>/<device>/``, ``cpu`` for gloo, ``cuda`` for nccl), so such a trainer needs no
+change; a new one may build its side with :func:`join_group` as rank 0 and broadcast with
+:meth:`WeightGroup.send`.
 
 An update is checked against the model (names, shapes, dtypes) before anything is received, since
 a refused update must not leave the trainer's broadcast half-consumed. Tensors arrive in new
@@ -118,7 +121,7 @@ def join_group(
     timeout = timedelta(seconds=timeout_s)
     store = dist.TCPStore(master_address, master_port, world_size, is_master=rank == 0, timeout=timeout)
     kind = "cuda" if backend == "nccl" else "cpu"
-    prefixed = dist.PrefixStore(f"{kind}/", dist.PrefixStore(f"{group_name}/", store))
+    prefixed = dist.PrefixStore(f"{kind}/", dist.PrefixStore(f"{group_name}/", dist.PrefixStore(group_name, store)))
     pg: Any
     if backend == "gloo":
         pg = dist.ProcessGroupGloo(prefixed, rank, world_size, timeout)

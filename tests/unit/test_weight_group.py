@@ -197,3 +197,35 @@ def test_cuda_ipc_tensors_are_refused_without_cuda():
         assert "no CUDA device" in refused("named_tensors", open_shared, spec)
     with pytest.raises(ValueError):
         share(UP, torch.zeros(2))  # a CPU tensor has no IPC handle
+
+
+def test_a_trainer_built_on_torch_group_helpers_reaches_the_server_side():
+    """A trainer that builds its group as SGLang's trainers do (a tcp:// rendezvous, the store
+    prefixed with the group name, torch's named-group helper, ``dist.broadcast``) meets
+    :func:`join_group` on the server's side."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if not hasattr(c10d, "_new_process_group_helper"):
+        pytest.skip("this torch has no named-group helper")
+    port, name = free_port(), "torch_helper_group"
+    got: dict = {}
+
+    def server() -> None:
+        group = join_group("127.0.0.1", port, 1, 2, name, "gloo", timeout_s=60)
+        got.update(group.receive([TensorSpec("w", torch.float32, (2, 3))]))
+
+    thread = threading.Thread(target=server)
+    thread.start()
+    timeout = timedelta(seconds=60)
+    store, _, _ = next(c10d.rendezvous(f"tcp://127.0.0.1:{port}", rank=0, world_size=2, timeout=timeout))
+    pg, _ = c10d._new_process_group_helper(
+        2, 0, [], c10d.Backend("gloo"), c10d.PrefixStore(name, store), group_name=name, timeout=timeout
+    )
+    c10d._world.pg_group_ranks[pg] = {0: 0, 1: 1}  # what torch's helpers leave to their caller
+    w = torch.randn(2, 3)
+    dist.broadcast(w, src=0, group=pg)
+    thread.join(timeout=60)
+    assert torch.equal(got["w"], w)
