@@ -11,6 +11,7 @@ works from any thread and the async API (``async_generate``) works from any runn
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -188,17 +189,105 @@ class Engine:
         abort_all_requests: bool = False,
     ) -> tuple[bool, str]:
         """Copy named tensors (Hugging Face names, any subset of the model's) into the loaded
-        weights in place; ``(success, message)``. They travel to the engine as safetensors bytes."""
-        from safetensors.torch import save
+        weights in place; ``(success, message)``.
 
-        items = named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors
-        # safetensors refuses views sharing storage: each tensor gets its own contiguous CPU copy
-        data = save({name: t.detach().to("cpu", copy=True).contiguous() for name, t in items})
-        reply = self._call(
-            self.tm.update_weights_from_tensor(
-                tensor_data=data, field="named_tensors", abort_all_requests=abort_all_requests
+        On an engine running on CUDA, CUDA tensors are shared by IPC handle (the engine copies
+        straight from them; this call holds them until it answers). The others travel as a
+        safetensors file in shared memory (``/dev/shm`` where there is one), which the engine
+        reads and this call removes once answered: the message carries only the path.
+        """
+        from phloem.runtime.shm_tensors import shared_safetensors
+
+        items = list(named_tensors.items() if isinstance(named_tensors, Mapping) else named_tensors)
+        on_cuda = str(self.tm.scheduler_info.get("device", "cpu")).startswith("cuda")
+        shared = [(name, t) for name, t in items if on_cuda and t.is_cuda]
+        host = [(name, t) for name, t in items if not (on_cuda and t.is_cuda)]
+        ipc = []
+        if shared:
+            import torch
+            from phloem.runtime.cuda_ipc import share
+
+            torch.cuda.synchronize()  # their values must be written before the engine reads them
+            ipc = [share(name, t) for name, t in shared]
+        with contextlib.ExitStack() as stack:
+            path = stack.enter_context(shared_safetensors(host)) if host or not ipc else None
+            reply = self._call(
+                self.tm.update_weights_from_tensor(
+                    tensor_file=path, cuda_ipc=ipc, field="named_tensors", abort_all_requests=abort_all_requests
+                )
             )
+        return reply.ok, reply.message
+
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> tuple[bool, str]:
+        """Join a trainer's process group as rank ``rank_offset`` (the trainer is rank 0 and
+        hosts the store at ``master_address:master_port``), as ``POST /init_weights_update_group``
+        does; returns once every rank has joined. ``(success, message)``."""
+        from phloem.runtime.messages import InitWeightsGroupReq
+
+        return self._weights_call(
+            InitWeightsGroupReq,
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
         )
+
+    def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+    ) -> tuple[bool, str]:
+        """Receive the named tensors rank 0 broadcasts over ``group_name`` (in this order) and
+        copy them into the weights in place, as ``POST /update_weights_from_distributed`` does.
+        Blocks until they arrived: the trainer broadcasts from another thread or process."""
+        from phloem.runtime.messages import UpdateWeightsFromDistributedReq
+
+        return self._weights_call(
+            UpdateWeightsFromDistributedReq,
+            names=list(names),
+            dtypes=[str(d).removeprefix("torch.") for d in dtypes],
+            shapes=[list(s) for s in shapes],
+            group_name=group_name,
+            flush_cache=flush_cache,
+            abort_all_requests=abort_all_requests,
+        )
+
+    def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> tuple[bool, str]:
+        from phloem.runtime.messages import DestroyWeightsGroupReq
+
+        return self._weights_call(DestroyWeightsGroupReq, group_name=group_name)
+
+    def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list[Any]:
+        """The first ``truncate_size`` rows of a weight (a Hugging Face name, as the updates take
+        them) as nested lists, as ``POST /get_weights_by_name`` answers. Raises ``InvalidRequest``
+        naming the field for an unknown name."""
+        from phloem.runtime.errors import InvalidRequest
+        from phloem.runtime.messages import GetWeightsReq
+
+        reply = self._call(self.tm.weights_control(GetWeightsReq, name=name, truncate_size=truncate_size))
+        if not reply.ok:
+            field = reply.data.get("field")
+            if field:
+                raise InvalidRequest(field, reply.message.removeprefix(f"{field}: "))
+            raise RuntimeError(reply.message)
+        return reply.data["values"]
+
+    def _weights_call(self, kind: type, **fields: Any) -> tuple[bool, str]:
+        reply = self._call(self.tm.weights_control(kind, **fields))
         return reply.ok, reply.message
 
     def health(self) -> str:

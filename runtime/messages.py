@@ -56,10 +56,30 @@ class GetStatsReq(msgspec.Struct, tag=True, kw_only=True):
     req_id: int
 
 
+class CudaIpcTensor(msgspec.Struct, kw_only=True):
+    """A CUDA tensor of another process, by IPC handle (``runtime/cuda_ipc.py``): where its
+    storage is and how the tensor views it. Plain fields: no pickle crosses the boundary."""
+
+    name: str
+    size: list[int]
+    stride: list[int]
+    offset: int  # elements into the storage
+    dtype: str  # "float32", "bfloat16", ...
+    device: int  # CUDA device index of the storage
+    handle: bytes  # the allocation's IPC handle
+    storage_size: int  # bytes
+    storage_offset: int  # bytes into the allocation
+    ref_counter_handle: bytes
+    ref_counter_offset: int
+    event_handle: bytes | None = None
+    event_sync_required: bool = False
+
+
 class UpdateWeightsReq(msgspec.Struct, tag=True, kw_only=True):
     """Replace weights in place: from ``model_path`` (a checkpoint of the same architecture), or
     named tensors as safetensors, either a file the engine can read (``tensor_file``) or its bytes
-    (``tensor_data``). ``abort_all_requests``: abort running requests first instead of letting
+    (``tensor_data``), and/or CUDA tensors shared by IPC handle (``cuda_ipc``; the sender keeps
+    them alive until the reply). ``abort_all_requests``: abort running requests first instead of letting
     them finish. The reply's ``data`` holds ``field`` (the request field a refusal is about),
     ``internal`` (an engine fault, logged there) or, after a disk update, ``model_path``."""
 
@@ -68,15 +88,68 @@ class UpdateWeightsReq(msgspec.Struct, tag=True, kw_only=True):
     load_format: str | None = None
     tensor_file: str | None = None
     tensor_data: bytes | None = None
+    cuda_ipc: list[CudaIpcTensor] = []  # CUDA tensors of the sender, opened in place
     tensor_field: str = "tensor_file"  # the client's name for the tensors, for refusals
     abort_all_requests: bool = False
+    flush_cache: bool = True  # False keeps the prefix cache (its KV came from the old weights)
+
+
+class InitWeightsGroupReq(msgspec.Struct, tag=True, kw_only=True):
+    """Join a trainer's process group for weight broadcasts, as rank ``rank_offset`` of
+    ``world_size`` (the trainer is rank 0); see :mod:`phloem.runtime.executor.weight_group`."""
+
+    req_id: int
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedReq(msgspec.Struct, tag=True, kw_only=True):
+    """Receive named tensors broadcast by rank 0 of ``group_name``, in this order, then copy them
+    into the weights in place (checked against the model before anything is received)."""
+
+    req_id: int
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+
+
+class DestroyWeightsGroupReq(msgspec.Struct, tag=True, kw_only=True):
+    req_id: int
+    group_name: str = "weight_update_group"
+
+
+class GetWeightsReq(msgspec.Struct, tag=True, kw_only=True):
+    """The first ``truncate_size`` rows of the weight a checkpoint tensor ``name`` lands in; the
+    reply's ``data["values"]`` holds them as nested lists."""
+
+    req_id: int
+    name: str
+    truncate_size: int = 100
 
 
 class ShutdownReq(msgspec.Struct, tag=True, kw_only=True):
     pass
 
 
-ToScheduler = TokenizedGenerateReq | AbortReq | FlushCacheReq | GetStatsReq | UpdateWeightsReq | ShutdownReq
+ToScheduler = (
+    TokenizedGenerateReq
+    | AbortReq
+    | FlushCacheReq
+    | GetStatsReq
+    | UpdateWeightsReq
+    | InitWeightsGroupReq
+    | UpdateWeightsFromDistributedReq
+    | DestroyWeightsGroupReq
+    | GetWeightsReq
+    | ShutdownReq
+)
 
 # ---------------------------------------------------------------------------- to the detokenizer
 

@@ -36,6 +36,7 @@ __all__ = [
     "plan_named_copy",
     "read_safetensors_bytes",
     "read_safetensors_file",
+    "weight_values",
 ]
 
 DISK_LOAD_FORMATS = ("auto", "gguf", "safetensors")
@@ -172,3 +173,17 @@ def read_safetensors_file(path: str, field: str) -> dict[str, torch.Tensor]:
         return load_file(path)
     except UNREADABLE as e:
         raise InvalidRequest(field, f"not a readable safetensors file: {e}") from None
+
+
+def weight_values(model: Any, name: str, truncate_size: int) -> list[Any]:
+    """The first ``truncate_size`` rows (along dim 0) of the weight that checkpoint tensor ``name``
+    (a Hugging Face name, as updates take them) lands in, as nested lists of floats: a fused
+    q/k/v or gate/up projection gives the rows of that part. Refusals name ``name`` or
+    ``truncate_size``."""
+    if truncate_size < 0:
+        raise InvalidRequest("truncate_size", f"{truncate_size}: must be >= 0")
+    try:
+        target = model.checkpoint_target(name)
+    except KeyError as e:
+        raise InvalidRequest("name", str(e.args[0]) if e.args else name) from None
+    return target[:truncate_size].detach().to("cpu", torch.float32).tolist()

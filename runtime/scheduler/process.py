@@ -25,9 +25,12 @@ from phloem.runtime.messages import (
     AbortReq,
     Codec,
     ControlReply,
+    DestroyWeightsGroupReq,
     FlushCacheReq,
     GetStatsReq,
+    GetWeightsReq,
     Heartbeat,
+    InitWeightsGroupReq,
     Ready,
     SchedulerStats,
     ShutdownReq,
@@ -35,12 +38,14 @@ from phloem.runtime.messages import (
     TokenizedGenerateReq,
     ToScheduler,
     ToTokenizerManager,
+    UpdateWeightsFromDistributedReq,
     UpdateWeightsReq,
 )
 from phloem.runtime.sampling.stop import StopChecker
 from phloem.runtime.scheduler.heartbeat import HeartbeatThread, LoopWatch
 from phloem.runtime.scheduler.req import Req
 from phloem.runtime.scheduler.scheduler import Scheduler, StepTimes
+from phloem.runtime.scheduler.weight_sync import Finished, WeightSync
 
 logger = logging.getLogger("phloem.scheduler")
 
@@ -94,12 +99,17 @@ class SchedulerProcess:
         self._weight_updates: list[UpdateWeightsReq] = []
         self._tensors: dict[int, dict[str, Any]] = {}  # parsed tensors of queued updates, by req_id
         self._held: list[TokenizedGenerateReq] = []
+        self.weight_sync = WeightSync(runtime.runner.device)  # groups a trainer broadcasts over
         self.handlers = {
             TokenizedGenerateReq: self._on_generate,
             AbortReq: self._on_abort,
             FlushCacheReq: self._on_flush,
             GetStatsReq: self._on_stats,
             UpdateWeightsReq: self._on_update_weights,
+            InitWeightsGroupReq: self._on_group_request,
+            UpdateWeightsFromDistributedReq: self._on_group_request,
+            DestroyWeightsGroupReq: self._on_group_request,
+            GetWeightsReq: self._on_get_weights,
             ShutdownReq: self._on_shutdown,
         }
 
@@ -143,9 +153,13 @@ class SchedulerProcess:
     def receive(self, *, block: bool) -> bool:
         """Handle every waiting message (waiting up to 200 ms for one when ``block``); whether any
         came. A message's frames are messages sent together (the tokenizer manager's requests of
-        one event-loop turn), handled in order."""
+        one event-loop turn), handled in order. Group jobs finished since the last call (a join,
+        a received broadcast) are answered or queued first."""
         timeout = 200 if block else 0
         self._received = 0
+        if self.weight_sync.pending:  # joins and broadcasts finished on the group thread
+            for done in self.weight_sync.finished():
+                self._on_group_job_done(done)
         while self.inp.poll(timeout):
             for frame in self.inp.recv_multipart():
                 msg = self.codec_in.decode(frame)
@@ -213,6 +227,64 @@ class SchedulerProcess:
             )
         self._weight_updates.append(msg)
 
+    def _on_group_request(
+        self, msg: InitWeightsGroupReq | UpdateWeightsFromDistributedReq | DestroyWeightsGroupReq
+    ) -> None:
+        """Check a group request now, then leave its waiting (joining, receiving) to the group
+        thread; :meth:`_on_group_job_done` answers. A broadcast update that cannot succeed is
+        refused before anything is received."""
+        try:
+            if isinstance(msg, InitWeightsGroupReq):
+                self.weight_sync.start_join(msg)
+            elif isinstance(msg, UpdateWeightsFromDistributedReq):
+                self.weight_sync.start_receive(msg, self.rt.runner.model)
+                if msg.abort_all_requests:
+                    self.scheduler.abort(
+                        None, abort_all=True, message="aborted: the weights are being updated", status_code=503
+                    )
+            else:
+                self.weight_sync.start_destroy(msg)
+        except InvalidRequest as e:
+            self._send_tm(_refusal(msg, e))
+        except Exception:
+            self._send_tm(_fault(msg))
+
+    def _on_group_job_done(self, done: Finished) -> None:
+        """Answer a finished join or destroy; a received update is queued like a tensor update
+        (applied once no request runs)."""
+        msg = done.msg
+        joining = isinstance(msg, InitWeightsGroupReq)
+        if done.error is not None:
+            # the trainer's side failed (unreachable store, a broadcast that never came): the
+            # client's to fix, so a refusal naming where the group came from
+            what = {InitWeightsGroupReq: "join", UpdateWeightsFromDistributedReq: "receive over"}.get(type(msg), "leave")
+            err = InvalidRequest(
+                "master_address" if joining else "group_name",
+                f"could not {what} group {msg.group_name!r}: {done.error}",
+            )
+            self._send_tm(_refusal(msg, err))
+        elif isinstance(msg, UpdateWeightsFromDistributedReq):
+            self._tensors[msg.req_id] = done.result
+            self._weight_updates.append(
+                UpdateWeightsReq(req_id=msg.req_id, tensor_field="names", flush_cache=msg.flush_cache)
+            )
+        else:
+            message = f"joined group {msg.group_name!r}" if joining else f"left group {msg.group_name!r}"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=True, message=message))
+
+    def _on_get_weights(self, msg: GetWeightsReq) -> None:
+        from phloem.runtime.executor.weight_update import weight_values
+
+        try:
+            values = weight_values(self.rt.runner.model, msg.name, msg.truncate_size)
+        except InvalidRequest as e:
+            self._send_tm(_refusal(msg, e))
+            return
+        except Exception:
+            self._send_tm(_fault(msg))
+            return
+        self._send_tm(ControlReply(req_id=msg.req_id, ok=True, data={"values": values}))
+
     def _check_update(self, msg: UpdateWeightsReq) -> None:
         """Raise ``InvalidRequest`` for an update that cannot succeed; tensors sent with the
         message are parsed once here and kept for :meth:`_update_weights`."""
@@ -223,12 +295,17 @@ class SchedulerProcess:
             runner.update_source(msg.model_path, msg.load_format)
             return
         field = msg.tensor_field
-        if msg.tensor_data is not None:
-            tensors = wu.read_safetensors_bytes(msg.tensor_data, field)
-        elif msg.tensor_file is not None:
-            tensors = wu.read_safetensors_file(msg.tensor_file, field)
-        else:
+        if msg.tensor_data is None and msg.tensor_file is None and not msg.cuda_ipc:
             raise InvalidRequest(field, "no tensors given")
+        tensors = {}
+        if msg.tensor_data is not None:
+            tensors.update(wu.read_safetensors_bytes(msg.tensor_data, field))
+        if msg.tensor_file is not None:
+            tensors.update(wu.read_safetensors_file(msg.tensor_file, field))
+        if msg.cuda_ipc:
+            from phloem.runtime.cuda_ipc import open_shared
+
+            tensors.update({spec.name: open_shared(spec, field) for spec in msg.cuda_ipc})
         wu.plan_named_copy(runner.model, tensors, field)  # names and shapes; nothing is written
         self._tensors[msg.req_id] = tensors
 
@@ -238,7 +315,8 @@ class SchedulerProcess:
         updates, self._weight_updates = self._weight_updates, []
         for msg in updates:
             self._send_tm(self._update_weights(msg))
-        self.scheduler.flush_cache()
+        if any(msg.flush_cache for msg in updates):
+            self.scheduler.flush_cache()
         held, self._held = self._held, []
         for req in held:
             self._admit(req)
@@ -259,9 +337,11 @@ class SchedulerProcess:
             return _fault(msg)
 
     def _on_shutdown(self, msg: ShutdownReq) -> None:
-        for update in self._weight_updates:
-            self._send_tm(ControlReply(req_id=update.req_id, ok=False, message="server is shutting down"))
+        in_flight = [m.req_id for m in self._weight_updates] + list(self.weight_sync.pending)
+        for req_id in in_flight:
+            self._send_tm(ControlReply(req_id=req_id, ok=False, message="server is shutting down"))
         self._weight_updates, self._tensors = [], {}
+        self.weight_sync.pending.clear()
         held, self._held = self._held, []
         for req in held:
             self._admit(req)  # to be aborted with the rest
@@ -290,13 +370,13 @@ def heartbeat_sender(ctx: zmq.Context, endpoint: str) -> Any:
     return send
 
 
-def _refusal(msg: UpdateWeightsReq, err: InvalidRequest) -> ControlReply:
+def _refusal(msg: Any, err: InvalidRequest) -> ControlReply:
     """The reply to an update refused for a reason the client can fix."""
     logger.warning("weight update refused: %s", err)
     return ControlReply(req_id=msg.req_id, ok=False, message=str(err), data={"field": err.field})
 
 
-def _fault(msg: UpdateWeightsReq) -> ControlReply:
+def _fault(msg: Any) -> ControlReply:
     """The reply to an update that failed inside the engine (called from an ``except`` block): the
     traceback goes to the log, the client learns only that it was an internal error."""
     logger.error("weight update failed:\n%s", traceback.format_exc())

@@ -10,7 +10,7 @@ accepted and ignored; the others pass only at their defaults (``image_data: null
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -139,3 +139,36 @@ class UpdateWeightsFromTensorBody(_Body):
     weight_version: str | None = None
     serialized_named_tensors: Any = None  # SGLang's pickled form: declared only to be refused
     load_format: str | None = None  # SGLang's; only its default (the tensors' own form)
+
+
+class InitWeightsUpdateGroupBody(_Body):
+    """Join a trainer's process group (the trainer is rank 0 and hosts the store)."""
+
+    master_address: str = Field(min_length=1)
+    master_port: int = Field(ge=1, le=65535)
+    rank_offset: int = Field(ge=1)  # this server's rank
+    world_size: int = Field(ge=2)  # the trainer plus the server's ranks
+    group_name: str = Field(default="weight_update_group", min_length=1)
+    backend: Literal["nccl", "gloo"] = "nccl"
+
+
+class UpdateWeightsFromDistributedBody(_Body):
+    """Named tensors (Hugging Face names) that rank 0 broadcasts, in this order."""
+
+    names: list[str] = Field(min_length=1)
+    dtypes: list[str] = Field(min_length=1)  # "bfloat16" or "torch.bfloat16", one per name
+    shapes: list[list[int]] = Field(min_length=1)
+    group_name: str = Field(default="weight_update_group", min_length=1)
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None  # SGLang's: a label /get_model_info reports afterwards
+    load_format: str | None = None  # SGLang's; only its default (tensors as broadcast)
+
+
+class DestroyWeightsUpdateGroupBody(_Body):
+    group_name: str = Field(default="weight_update_group", min_length=1)
+
+
+class GetWeightsByNameBody(_Body):
+    name: str = Field(min_length=1)  # a Hugging Face name, as the weight updates take them
+    truncate_size: int = Field(default=100, ge=0)  # rows along dim 0

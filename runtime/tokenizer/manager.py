@@ -28,6 +28,7 @@ from phloem.runtime.messages import (
     BatchStrOut,
     Codec,
     ControlReply,
+    CudaIpcTensor,
     FlushCacheReq,
     GetStatsReq,
     Heartbeat,
@@ -52,6 +53,9 @@ logger = logging.getLogger("phloem.tokenizer_manager")
 # steps, and one step may be long), but gives up after this much silence: beats come every second.
 SERVER_INFO_SILENCE_S = 2.0
 CONTROL_TIMEOUT_S = 30.0
+# Weight updates, joins and broadcasts: longer than a group operation may wait for the trainer
+# (weight_group.GROUP_TIMEOUT_S), so that its failure, not this timeout, answers the client.
+WEIGHTS_TIMEOUT_S = 900.0
 
 
 @dataclass
@@ -385,7 +389,7 @@ class TokenizerManager:
             load_format=load_format,
             abort_all_requests=abort_all_requests,
         )
-        reply = await self._control(msg, timeout=600)
+        reply = await self._control(msg, timeout=WEIGHTS_TIMEOUT_S)
         if reply.ok and reply.data.get("model_path"):
             self.model_info["model_path"] = reply.data["model_path"]
         return reply
@@ -395,19 +399,28 @@ class TokenizerManager:
         *,
         tensor_file: str | None = None,
         tensor_data: bytes | None = None,
+        cuda_ipc: list[CudaIpcTensor] | None = None,
         field: str = "tensor_file",
         abort_all_requests: bool = False,
     ) -> ControlReply:
-        """Replace named weights from safetensors (a file the engine reads, or its bytes);
-        ``field`` is the caller's name for them, which a refusal names."""
+        """Replace named weights from safetensors (a file the engine reads, or its bytes) and/or
+        CUDA tensors shared by IPC handle; ``field`` is the caller's name for them, which a
+        refusal names."""
         msg = UpdateWeightsReq(
             req_id=next(self._ctrl_ids),
             tensor_file=tensor_file,
             tensor_data=tensor_data,
+            cuda_ipc=cuda_ipc or [],
             tensor_field=field,
             abort_all_requests=abort_all_requests,
         )
-        return await self._control(msg, timeout=600)
+        return await self._control(msg, timeout=WEIGHTS_TIMEOUT_S)
+
+    async def weights_control(self, kind: type, **fields: Any) -> ControlReply:
+        """Send a weight-group or weight-reading request (``InitWeightsGroupReq``,
+        ``UpdateWeightsFromDistributedReq``, ``DestroyWeightsGroupReq``, ``GetWeightsReq``) with
+        ``fields``; its reply. Joining and receiving wait on the trainer: the wait is long."""
+        return await self._control(kind(req_id=next(self._ctrl_ids), **fields), timeout=WEIGHTS_TIMEOUT_S)
 
     async def _control(self, msg: Any, timeout: float = CONTROL_TIMEOUT_S) -> ControlReply:
         if self._status == "broken":

@@ -188,3 +188,48 @@ def test_engine_updates_from_disk_and_tensors(new_server, engine, ckpt):
     assert ok and engine_greedy(engine) == original
     assert engine.get_model_info()["model_path"] == ckpt.gguf
 
+
+
+def test_engine_reads_weights_and_takes_broadcast_updates(engine, ckpt):
+    """The Engine's side of a trainer sync: join over gloo, receive while the trainer (a thread
+    here) broadcasts, read the values back by name; then the originals go back."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from phloem.runtime.errors import InvalidRequest
+    from phloem.runtime.executor.weight_group import join_group
+
+    from .conftest import free_port
+
+    original = engine_greedy(engine)
+    name = "model.layers.0.mlp.gate_proj.weight"  # a part of the fused gate/up projection
+    old = torch.tensor(engine.get_weights_by_name(name, truncate_size=10**6))
+    new = ckpt.subset[name]
+    assert old.shape == new.shape and not torch.equal(old, new)
+    assert torch.equal(torch.tensor(engine.get_weights_by_name(name, 2)), old[:2])
+    with pytest.raises(InvalidRequest) as e:
+        engine.get_weights_by_name("model.layers.0.mlp.nope.weight")
+    assert e.value.field == "name"
+
+    port = free_port()
+    with ThreadPoolExecutor(1) as pool:
+        joined = pool.submit(engine.init_weights_update_group, "127.0.0.1", port, 1, 2, "engine_group", "gloo")
+        trainer = join_group("127.0.0.1", port, 0, 2, "engine_group", "gloo")
+        assert joined.result(timeout=300)[0]
+        try:
+            for values in (new, old):
+                pending = pool.submit(
+                    engine.update_weights_from_distributed, [name], ["float32"], [list(values.shape)], "engine_group"
+                )
+                trainer.send([values])
+                ok, message = pending.result(timeout=300)
+                assert ok, message
+                assert torch.equal(torch.tensor(engine.get_weights_by_name(name, 3)), values[:3])
+                if values is new:
+                    assert engine_greedy(engine) != original
+            ok, message = engine.update_weights_from_distributed([name], ["float32"], [[1, 1]], "engine_group")
+            assert not ok and message.startswith("shapes:")
+        finally:
+            ok, message = engine.destroy_weights_update_group("engine_group")
+            trainer.close()
+    assert ok, message
+    assert engine_greedy(engine) == original

@@ -157,3 +157,32 @@ def test_a_fault_while_checking_is_answered_not_raised(caplog):
     proc._on_update_weights(UpdateWeightsReq(req_id=6, model_path="/m", abort_all_requests=True))
     assert sent == [ControlReply(req_id=6, ok=False, message="internal error", data={"internal": True})]
     assert "secret detail" in caplog.text and proc._weight_updates == []
+
+
+def test_a_broadcast_update_is_refused_before_receiving_and_queued_once_received():
+    """A bad broadcast update is answered at once, nothing aborted; a received one is applied
+    when idle like any tensor update, and ``flush_cache: false`` keeps the prefix cache."""
+    from phloem.runtime.messages import UpdateWeightsFromDistributedReq
+    from phloem.runtime.scheduler.weight_sync import Finished, WeightSync
+
+    from tests.unit.tiny_model import tiny_runner
+
+    proc, sent = make_proc(running=["a"])
+    runner = tiny_runner()
+    proc.rt = SimpleNamespace(runner=runner)
+    proc.weight_sync = WeightSync(torch.device("cpu"))
+    body = dict(names=["model.norm.weight"], dtypes=["float32"], shapes=[[64]], abort_all_requests=True)
+    proc._on_group_request(UpdateWeightsFromDistributedReq(req_id=7, group_name="none", **body))
+    assert sent[0].data == {"field": "group_name"} and proc.scheduler.events == []  # type: ignore[attr-defined]
+
+    msg = UpdateWeightsFromDistributedReq(req_id=8, flush_cache=False, **body)
+    proc._on_group_job_done(Finished(msg, result={"model.norm.weight": torch.full((64,), 3.0)}))
+    assert len(sent) == 1  # answered only once applied
+    run_until_idle(proc)
+    assert sent[1] == ControlReply(req_id=8, ok=True, message="updated 1 tensors")
+    assert torch.equal(runner.model.model.norm.weight, torch.full((64,), 3.0))
+    assert "flush" not in proc.scheduler.events  # type: ignore[attr-defined]
+
+    failed = Finished(UpdateWeightsFromDistributedReq(req_id=9, **body), error=RuntimeError("peer closed"))
+    proc._on_group_job_done(failed)
+    assert sent[2].ok is False and sent[2].data == {"field": "group_name"} and "peer closed" in sent[2].message
