@@ -18,7 +18,13 @@ NAME = "model.layers.0.mlp.up_proj.weight"  # a part of the fused gate/up projec
 def cuda_engine():
     from phloem import Engine
 
-    eng = Engine(device="cuda", dtype="float32", log_level="warning")
+    import os
+
+    # the default model when it is installed; with PHLOEM_TEST_TOKENIZER (a tokenizer folder, on
+    # a machine without the model) dummy weights of its shape
+    tok = os.environ.get("PHLOEM_TEST_TOKENIZER")
+    model = {"load_format": "dummy", "tokenizer_path": tok} if tok else {}
+    eng = Engine(device="cuda", dtype="float32", log_level="warning", **model)
     yield eng
     eng.shutdown()
 
