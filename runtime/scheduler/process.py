@@ -229,6 +229,8 @@ class SchedulerProcess:
             message = "requests are running: pause generation (mode 'retract' or 'abort') or wait until idle first"
             self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message, data={"field": "tags"}))
             return
+        if msg.release and self._weight_updates:
+            self._run_weight_updates()  # queued before the release: applied while the weights are here
         try:
             if msg.release:
                 if "kv_cache" in msg.tags and not self.scheduler.flush_unheld():

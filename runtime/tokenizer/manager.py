@@ -24,6 +24,7 @@ from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.expand import MAX_TOP_LOGPROBS_NUM
 from phloem.runtime.ipc import IpcPaths
 from phloem.runtime.messages import (
+    MEMORY_TAGS,
     AbortReq,
     BatchStrOut,
     Codec,
@@ -347,8 +348,8 @@ class TokenizerManager:
             "live": live,
             **({"live_unavailable": unavailable} if live is None else {}),
             # what pause_generation and release_memory_occupation left in place (None: unknown)
-            "generation_paused": bool(live["generation_paused"]) if live else None,
-            "memory_released": [t for t in ("kv_cache", "weights") if figures.get(f"{t}_released")] if live else None,
+            "generation_paused": bool(figures.get("generation_paused")) if live else None,
+            "memory_released": [t for t in MEMORY_TAGS if figures.get(f"{t}_released")] if live else None,
             # per scheduler, the figures SGLang's clients read under these names
             "internal_states": [{
                 "avg_spec_accept_length": figures.get("spec_accept_length", 0.0),

@@ -75,6 +75,21 @@ def http_stream(url: str, text: str, sampling: dict) -> Background:
     return Background(work)
 
 
+def engine_stream(engine: Any) -> Background:
+    """``http_stream`` through ``Engine.generate(stream=True)``."""
+
+    def work(started: threading.Event) -> dict:
+        last: dict = {}
+        for i, chunk in enumerate(engine.generate(PROMPT, sampling_params=SAMPLING, stream=True)):
+            last = chunk
+            if i >= 2:
+                started.set()
+        started.set()
+        return last
+
+    return Background(work)
+
+
 def server_info(url: str) -> dict:
     return requests.get(url + "/get_server_info", timeout=30).json()
 
@@ -157,16 +172,8 @@ def test_http_release_and_resume_memory_keeps_greedy_text(server, reference):
 def test_engine_pause_retract_and_release_resume(engine):
     expected = engine.generate(PROMPT, sampling_params=SAMPLING)["text"]
 
-    def work(started: threading.Event) -> dict:
-        last: dict = {}
-        for i, chunk in enumerate(engine.generate(PROMPT, sampling_params=SAMPLING, stream=True)):
-            last = chunk
-            if i >= 2:
-                started.set()
-        return last
-
     engine.flush_cache()
-    long = Background(work)
+    long = engine_stream(engine)
     assert long.started.wait(120)
     try:
         assert engine.pause_generation("retract") == (True, "generation paused (mode retract)")
@@ -183,3 +190,28 @@ def test_engine_pause_retract_and_release_resume(engine):
     assert engine.release_memory_occupation()[0] is True
     assert engine.resume_memory_occupation()[0] is True
     assert engine.generate(PROMPT, sampling_params=SAMPLING)["text"] == expected
+
+
+def test_engine_weight_update_while_paused_in_place_does_not_wait_for_the_paused_request(engine):
+    """The update is applied while the request is held (it would otherwise wait for it forever);
+    the request then continues on the new weights, here the same values, so with the same text."""
+    from phloem.runtime.executor.weights_gguf import load_gguf_weights
+    from phloem.runtime.model_files import default_model_path
+
+    _, weights = load_gguf_weights(default_model_path())
+    norm = {"model.norm.weight": weights["model.norm.weight"]}
+    expected = engine.generate(PROMPT, sampling_params=SAMPLING)["text"]
+
+    engine.flush_cache()
+    long = engine_stream(engine)
+    assert long.started.wait(120)
+    try:
+        assert engine.pause_generation("in_place")[0] is True
+        update = Background(lambda _: engine.update_weights_from_tensor(norm))
+        ok, message = update.join(timeout=60)
+        assert ok, message
+        assert long.thread.is_alive()  # still paused
+    finally:
+        engine.continue_generation()
+    out = long.join()
+    assert out["text"] == expected and out["meta_info"]["num_retractions"] == 0

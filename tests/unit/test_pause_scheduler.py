@@ -167,6 +167,18 @@ def test_weight_update_runs_while_requests_are_paused(mode):
     assert h.outputs()["a"] == expected(20, 20)
 
 
+def test_update_queued_before_a_release_is_applied_before_the_weights_leave():
+    h = Harness(pool=4096, overlap=False)
+    h.add("a", PROMPT, max_new=20)
+    steps(h, 3)
+    proc, sent, rt = make_proc(h)
+    proc._on_update_weights(UpdateWeightsReq(req_id=1, model_path="/m"))  # waits for a
+    proc._on_pause(PauseGenerationReq(req_id=2, mode="retract"))
+    proc._on_memory(MemoryOccupationReq(req_id=3, release=True, tags=["weights"]))
+    assert rt.updates == ["/m"] and [m.req_id for m in sent] == [2, 1, 3] and all(m.ok for m in sent)
+    assert h.s.released == {"weights"}
+
+
 def test_memory_occupation_keeps_tensor_objects_and_values():
     model = TinyModel()
     model.tied = model.proj.weight  # one storage reached twice is saved once
