@@ -22,6 +22,8 @@ from phloem.runtime.config import EngineArgs
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.ipc import IpcPaths, parent_alive, pull_socket, push_socket
 from phloem.runtime.messages import (
+    MEMORY_TAGS,
+    PAUSE_MODES,
     AbortReq,
     Codec,
     ContinueGenerationReq,
@@ -209,6 +211,10 @@ class SchedulerProcess:
             self._admit(held)
 
     def _on_pause(self, msg: PauseGenerationReq) -> None:
+        if msg.mode not in PAUSE_MODES:  # the manager's callers check it; never end the loop over it
+            message = f"mode: must be one of {', '.join(PAUSE_MODES)}"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message, data={"field": "mode"}))
+            return
         if msg.mode == "abort":
             self._admit_held(lambda m: True)
         self.scheduler.pause(msg.mode)
@@ -225,6 +231,10 @@ class SchedulerProcess:
 
         if self._memory is None:
             self._memory = MemoryOccupation(self.rt.runner)
+        if not set(msg.tags) <= set(MEMORY_TAGS):
+            message = f"tags: choose from {', '.join(MEMORY_TAGS)}"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message, data={"field": "tags"}))
+            return
         if msg.release and self.scheduler.holds_kv:
             message = "requests are running: pause generation (mode 'retract' or 'abort') or wait until idle first"
             self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message, data={"field": "tags"}))

@@ -167,6 +167,15 @@ def test_weight_update_runs_while_requests_are_paused(mode):
     assert h.outputs()["a"] == expected(20, 20)
 
 
+def test_unknown_mode_or_tag_is_refused_naming_the_field():
+    h = Harness(pool=4096, overlap=False)
+    proc, sent, _ = make_proc(h)
+    proc._on_pause(PauseGenerationReq(req_id=1, mode="later"))
+    proc._on_memory(MemoryOccupationReq(req_id=2, release=True, tags=["activations"]))
+    assert [(m.ok, m.data) for m in sent] == [(False, {"field": "mode"}), (False, {"field": "tags"})]
+    assert not h.s.stopped
+
+
 def test_update_queued_before_a_release_is_applied_before_the_weights_leave():
     h = Harness(pool=4096, overlap=False)
     h.add("a", PROMPT, max_new=20)
