@@ -19,8 +19,10 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from phloem.runtime.config import EngineArgs
+from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.expand import GenerateCall, SamplingSpec, expand, tokenizer_vocab_size
 from phloem.runtime.launch import EngineProcesses, launch_engine
+from phloem.runtime.messages import MEMORY_TAGS, PAUSE_MODES
 from phloem.runtime.tokenizer.manager import TokenizerManager
 from phloem.runtime.tokenizer.request import GenerateRequest
 
@@ -28,6 +30,15 @@ if TYPE_CHECKING:
     import torch
 
 _DONE = object()
+
+
+def _memory_tags(tags: list[str] | None) -> list[str]:
+    if tags is None:
+        return list(MEMORY_TAGS)
+    for tag in tags:
+        if tag not in MEMORY_TAGS:
+            raise InvalidRequest("tags", f"unknown tag {tag!r}; choose from {', '.join(MEMORY_TAGS)}")
+    return list(tags)
 
 
 class Engine:
@@ -288,6 +299,33 @@ class Engine:
 
     def _weights_call(self, kind: type, **fields: Any) -> tuple[bool, str]:
         reply = self._call(self.tm.weights_control(kind, **fields))
+        return reply.ok, reply.message
+
+    # ================================================================== RL trainers
+    def pause_generation(self, mode: str = "abort") -> tuple[bool, str]:
+        """Stop generating, as ``POST /pause_generation``: ``abort`` ends every request (finish
+        reason abort), ``retract`` frees running requests' KV (they are recomputed on continue,
+        their output kept), ``in_place`` keeps them as they are. Requests sent while paused wait.
+        Weight updates run while paused. ``(success, message)``; raises ``InvalidRequest`` for
+        an unknown mode."""
+        if mode not in PAUSE_MODES:
+            raise InvalidRequest("mode", f"must be one of {', '.join(PAUSE_MODES)}; got {mode!r}")
+        reply = self._call(self.tm.pause_generation(mode))
+        return reply.ok, reply.message
+
+    def continue_generation(self) -> tuple[bool, str]:
+        reply = self._call(self.tm.continue_generation())
+        return reply.ok, reply.message
+
+    def release_memory_occupation(self, tags: list[str] | None = None) -> tuple[bool, str]:
+        """Free the device memory of ``tags`` (``kv_cache``, ``weights``; ``None``: both), as
+        ``POST /release_memory_occupation``; refused (``success`` False) while requests run.
+        Requests sent while released wait for :meth:`resume_memory_occupation`."""
+        reply = self._call(self.tm.memory_occupation(release=True, tags=_memory_tags(tags)))
+        return reply.ok, reply.message
+
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> tuple[bool, str]:
+        reply = self._call(self.tm.memory_occupation(release=False, tags=_memory_tags(tags)))
         return reply.ok, reply.message
 
     def health(self) -> str:

@@ -3,7 +3,8 @@
 Channels (all ZMQ PUSH -> PULL over ``ipc://`` sockets made by ``launch.py``)::
 
     sender               receiver          messages
-    TokenizerManager  -> scheduler         ToScheduler (generate, abort, flush, stats, weights, shutdown)
+    TokenizerManager  -> scheduler         ToScheduler (generate, abort, flush, stats, weights, pause,
+                                                   memory, shutdown)
     scheduler         -> detokenizer       ToDetokenizer (BatchTokenOut)
     detokenizer       -> TokenizerManager  ToTokenizerManager (BatchStrOut, Ready)
     scheduler         -> TokenizerManager  ToTokenizerManager (Ready, control replies, SchedulerStats, Heartbeat)
@@ -134,6 +135,32 @@ class GetWeightsReq(msgspec.Struct, tag=True, kw_only=True):
     truncate_size: int = 100
 
 
+PAUSE_MODES = ("abort", "retract", "in_place")
+MEMORY_TAGS = ("kv_cache", "weights")  # what release_memory_occupation can give back
+
+
+class PauseGenerationReq(msgspec.Struct, tag=True, kw_only=True):
+    """Stop launching steps until ``ContinueGenerationReq``. ``mode``: ``abort`` ends every request
+    now, ``retract`` sends running requests back to the waiting queue (their KV freed, recomputed
+    on continue), ``in_place`` keeps them and their KV as they are."""
+
+    req_id: int
+    mode: str = "abort"
+
+
+class ContinueGenerationReq(msgspec.Struct, tag=True, kw_only=True):
+    req_id: int
+
+
+class MemoryOccupationReq(msgspec.Struct, tag=True, kw_only=True):
+    """Release (``release``) or take back the device memory of ``tags`` (``kv_cache``,
+    ``weights``); release is refused while a request holds KV."""
+
+    req_id: int
+    release: bool
+    tags: list[str]
+
+
 class ShutdownReq(msgspec.Struct, tag=True, kw_only=True):
     pass
 
@@ -148,6 +175,9 @@ ToScheduler = (
     | UpdateWeightsFromDistributedReq
     | DestroyWeightsGroupReq
     | GetWeightsReq
+    | PauseGenerationReq
+    | ContinueGenerationReq
+    | MemoryOccupationReq
     | ShutdownReq
 )
 

@@ -22,8 +22,11 @@ from phloem.runtime.config import EngineArgs
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.ipc import IpcPaths, parent_alive, pull_socket, push_socket
 from phloem.runtime.messages import (
+    MEMORY_TAGS,
+    PAUSE_MODES,
     AbortReq,
     Codec,
+    ContinueGenerationReq,
     ControlReply,
     DestroyWeightsGroupReq,
     FlushCacheReq,
@@ -31,6 +34,8 @@ from phloem.runtime.messages import (
     GetWeightsReq,
     Heartbeat,
     InitWeightsGroupReq,
+    MemoryOccupationReq,
+    PauseGenerationReq,
     Ready,
     SchedulerStats,
     ShutdownReq,
@@ -100,6 +105,10 @@ class SchedulerProcess:
         self._tensors: dict[int, dict[str, Any]] = {}  # parsed tensors of queued updates, by req_id
         self._held: list[TokenizedGenerateReq] = []
         self.weight_sync = WeightSync(runtime.runner.device)  # groups a trainer broadcasts over
+        # A weight update applied while paused requests held KV could not flush the prefix cache
+        # (their nodes are locked): it is flushed once nothing holds KV any more.
+        self._flush_pending = False
+        self._memory: Any = None  # MemoryOccupation, made on the first release
         self.handlers = {
             TokenizedGenerateReq: self._on_generate,
             AbortReq: self._on_abort,
@@ -110,6 +119,9 @@ class SchedulerProcess:
             UpdateWeightsFromDistributedReq: self._on_group_request,
             DestroyWeightsGroupReq: self._on_group_request,
             GetWeightsReq: self._on_get_weights,
+            PauseGenerationReq: self._on_pause,
+            ContinueGenerationReq: self._on_continue,
+            MemoryOccupationReq: self._on_memory,
             ShutdownReq: self._on_shutdown,
         }
 
@@ -122,11 +134,11 @@ class SchedulerProcess:
             idle = self.scheduler.is_idle
             t0 = time.perf_counter()
             self.scheduler.doing = ("receive", "")
-            arrived = self.receive(block=idle)
+            # while paused or released nothing can run: wait for messages instead of spinning
+            arrived = self.receive(block=idle or self.scheduler.stopped)
             t1 = time.perf_counter()
             busy = self.scheduler.step()
-            if self._weight_updates and self.scheduler.is_idle:
-                self._run_weight_updates()
+            self.after_step()
             if trace is not None:
                 trace.add(t0, t1, time.perf_counter(), self._received, self.scheduler.last_step)
             if busy or arrived:
@@ -149,6 +161,15 @@ class SchedulerProcess:
                 )
                 if not parent_alive(parent_pid):
                     return
+
+    def after_step(self) -> None:
+        """Queued weight updates run once no step can be in flight: idle, or paused (requests
+        paused in place or retracted are held, not waited for); a flush left pending by one runs
+        once nothing holds KV."""
+        if self._weight_updates and (self.scheduler.is_idle or self.scheduler.stopped):
+            self._run_weight_updates()
+        if self._flush_pending and self.scheduler.flush_unheld():
+            self._flush_pending = False
 
     def receive(self, *, block: bool) -> bool:
         """Handle every waiting message (waiting up to 200 ms for one when ``block``); whether any
@@ -194,11 +215,60 @@ class SchedulerProcess:
         self.scheduler.add_request(req)
 
     def _on_abort(self, msg: AbortReq) -> None:
-        # a held request is admitted first, so that it finishes as aborted like any other
-        for held in [m for m in self._held if msg.abort_all or m.rid == msg.rid]:
+        self._admit_held(lambda m: msg.abort_all or m.rid == msg.rid)
+        self.scheduler.abort(msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code)
+
+    def _admit_held(self, which: Any) -> None:
+        """Admit the held requests ``which(msg)`` picks, so that an abort finishes them like any other."""
+        for held in [m for m in self._held if which(m)]:
             self._held.remove(held)
             self._admit(held)
-        self.scheduler.abort(msg.rid, abort_all=msg.abort_all, message=msg.message, status_code=msg.status_code)
+
+    def _on_pause(self, msg: PauseGenerationReq) -> None:
+        if msg.mode not in PAUSE_MODES:  # the manager's callers check it; never end the loop over it
+            message = f"mode: must be one of {', '.join(PAUSE_MODES)}"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message, data={"field": "mode"}))
+            return
+        if msg.mode == "abort":
+            self._admit_held(lambda m: True)
+        self.scheduler.pause(msg.mode)
+        self._send_tm(ControlReply(req_id=msg.req_id, ok=True, message=f"generation paused (mode {msg.mode})"))
+
+    def _on_continue(self, msg: ContinueGenerationReq) -> None:
+        self.scheduler.resume()
+        self._send_tm(ControlReply(req_id=msg.req_id, ok=True, message="generation continued"))
+
+    def _on_memory(self, msg: MemoryOccupationReq) -> None:
+        """Release or take back device memory (``MemoryOccupation``). A release is refused while a
+        request holds KV; releasing the KV pool empties the prefix cache first."""
+        from phloem.runtime.executor.memory_occupation import MemoryOccupation
+
+        if self._memory is None:
+            self._memory = MemoryOccupation(self.rt.runner)
+        if not set(msg.tags) <= set(MEMORY_TAGS):
+            message = f"tags: choose from {', '.join(MEMORY_TAGS)}"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message, data={"field": "tags"}))
+            return
+        if msg.release and self.scheduler.holds_kv:
+            message = "requests are running: pause generation (mode 'retract' or 'abort') or wait until idle first"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message, data={"field": "tags"}))
+            return
+        if msg.release and self._weight_updates:
+            self._run_weight_updates()  # queued before the release: applied while the weights are here
+        try:
+            if msg.release:
+                if "kv_cache" in msg.tags and not self.scheduler.flush_unheld():
+                    raise RuntimeError("the prefix cache could not be flushed")
+                message = self._memory.release(msg.tags)
+            else:
+                message = self._memory.resume(msg.tags)
+        except Exception:
+            logger.error("memory occupation change failed:\n%s", traceback.format_exc())
+            reply = ControlReply(req_id=msg.req_id, ok=False, message="internal error", data={"internal": True})
+        else:
+            reply = ControlReply(req_id=msg.req_id, ok=True, message=message)
+        self.scheduler.released = set(self._memory.released)
+        self._send_tm(reply)
 
     def _on_flush(self, msg: FlushCacheReq) -> None:
         ok = self.scheduler.flush_cache()
@@ -212,6 +282,10 @@ class SchedulerProcess:
         before anything waits or is aborted), then queue the update; it runs once no request is
         running (:meth:`_run_weight_updates`). With ``abort_all_requests`` the running requests
         are aborted now instead of finishing."""
+        if "weights" in self.scheduler.released:
+            message = "the weights are released: resume memory occupation of 'weights' first"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message))
+            return
         try:
             self._check_update(msg)
         except InvalidRequest as e:
@@ -310,13 +384,16 @@ class SchedulerProcess:
         self._tensors[msg.req_id] = tensors
 
     def _run_weight_updates(self) -> None:
-        """Apply the queued updates (the scheduler is idle), flush the prefix cache (its KV came
-        from the old weights), then admit the requests held meanwhile."""
+        """Apply the queued updates (the scheduler is idle, or paused with no step in flight),
+        flush the prefix cache (its KV came from the old weights), then admit the requests held
+        meanwhile. Requests paused in place keep their KV and go on with the new weights on
+        continue; the cache is flushed once they no longer hold it."""
         updates, self._weight_updates = self._weight_updates, []
         for msg in updates:
             self._send_tm(self._update_weights(msg))
         if any(msg.flush_cache for msg in updates):
-            self.scheduler.flush_cache()
+            if not self.scheduler.flush_cache() and not self.scheduler.flush_unheld():
+                self._flush_pending = True
         held, self._held = self._held, []
         for req in held:
             self._admit(req)

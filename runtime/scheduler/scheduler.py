@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phloem.runtime.forward_io import ForwardOutput
+from phloem.runtime.messages import PAUSE_MODES
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.batch import ScheduledBatch
 from phloem.runtime.scheduler.output import OutputCollector
@@ -123,6 +124,11 @@ class Scheduler:
         # What the loop is in the middle of, as (verb, batch mode): the watchdog names it when a
         # step never returns (``heartbeat.LoopWatch``). Kept as a tuple: no formatting per step.
         self.doing: tuple[str, str] = ("", "")
+        # pause_generation: no step is launched; requests that arrive wait in the queues
+        self.paused = False
+        # Device memory given back (release_memory_occupation: "kv_cache", "weights"): no step
+        # can run until it is taken back.
+        self.released: set[str] = set()
         self.prefill_step = PrefillStep(self)
         self.decode_step = DecodeStep(self)
         self.kinds = self._step_kinds()
@@ -165,6 +171,8 @@ class Scheduler:
                 req.finish(reason)  # leaves the batch when its in-flight step is processed
         if not self.inflight:
             self._drop_finished_running()
+            if self.stopped:
+                self._drop_finished_parked()  # no prefill pass will pick them up meanwhile
         self.outputs.flush()
 
     @property
@@ -178,9 +186,67 @@ class Scheduler:
             return False
         return bool(self.cache.flush())
 
+    # ================================================================== pause (RL trainers)
+    @property
+    def stopped(self) -> bool:
+        """Whether steps are held back: generation paused or device memory released."""
+        return self.paused or bool(self.released)
+
+    @property
+    def holds_kv(self) -> bool:
+        """Whether a request holds KV or a step is in flight (waiting requests hold nothing)."""
+        return bool(self.running or self.chunked or self.jumped or self.inflight)
+
+    def pause(self, mode: str) -> None:
+        """Stop launching steps (``pause_generation``); the steps in flight are processed first.
+        ``abort``: every request ends now, aborted as by its caller; ``retract``: running requests
+        go back to the front of the waiting queue with their KV given back (what they computed
+        stays in the prefix tree) and are recomputed after :meth:`resume`, their output kept;
+        ``in_place``: they keep their KV and go on where they stopped."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"unknown pause mode {mode!r}")
+        self.sync_inflight()
+        self.paused = True
+        if mode == "abort":
+            self.abort(None, abort_all=True, message="aborted: generation was paused")
+        elif mode == "retract":
+            self._retract_all()
+
+    def resume(self) -> None:
+        """Launch steps again (``continue_generation``)."""
+        self.paused = False
+
+    def _retract_all(self) -> None:
+        reqs = [*self.running, *self.jumped, *([self.chunked] if self.chunked else [])]
+        self.running, self.jumped, self.chunked = [], [], None
+        for req in reqs:
+            self.release(req)
+            req.is_chunked = False
+            req.num_retractions += 1
+        self.waiting[:0] = reqs
+        self.stats.num_retracted += len(reqs)
+
+    def _drop_finished_parked(self) -> None:
+        """Finished requests outside ``running`` (a cut prompt, a jumped request) leave now."""
+        if self.chunked is not None and self.chunked.finished:
+            req, self.chunked = self.chunked, None
+            self.finish_dropped(req)
+        for req in [r for r in self.jumped if r.finished]:
+            self.jumped.remove(req)
+            self.finish_dropped(req)
+
+    def flush_unheld(self) -> bool:
+        """Empty the prefix cache unless a request holds KV (waiting requests may remain: they
+        hold none, and look their prefix up again when admitted)."""
+        if self.holds_kv:
+            return False
+        return bool(self.cache.flush())
+
     # ================================================================== the loop
     def step(self) -> bool:
         """One iteration after messages were received. Returns False when there was nothing to do."""
+        if self.stopped:
+            return False  # paused or memory released: nothing is in flight (see pause)
         self.doing = ("schedule", "")
         if self.grammar is not None:
             self.waiting.extend(self.grammar.ready(self))
@@ -551,5 +617,8 @@ class Scheduler:
             "prefill_batches_total": s.prefill_batches,
             "spec_window_steps_total": s.spec_window_steps,
             "decode_step_ms": (self.pace.per_step or 0.0) * 1e3,
+            "generation_paused": float(self.paused),
+            "kv_cache_released": float("kv_cache" in self.released),
+            "weights_released": float("weights" in self.released),
             **self.cache.tier_stats(),
         }

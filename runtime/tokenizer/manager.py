@@ -24,14 +24,18 @@ from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.expand import MAX_TOP_LOGPROBS_NUM
 from phloem.runtime.ipc import IpcPaths
 from phloem.runtime.messages import (
+    MEMORY_TAGS,
     AbortReq,
     BatchStrOut,
     Codec,
+    ContinueGenerationReq,
     ControlReply,
     CudaIpcTensor,
     FlushCacheReq,
     GetStatsReq,
     Heartbeat,
+    MemoryOccupationReq,
+    PauseGenerationReq,
     Ready,
     ReqStrOut,
     SchedulerStats,
@@ -347,6 +351,9 @@ class TokenizerManager:
             "status": self.health(),
             "live": live,
             **({"live_unavailable": unavailable} if live is None else {}),
+            # what pause_generation and release_memory_occupation left in place (None: unknown)
+            "generation_paused": bool(figures.get("generation_paused")) if live else None,
+            "memory_released": [t for t in MEMORY_TAGS if figures.get(f"{t}_released")] if live else None,
             # per scheduler, the figures SGLang's clients read under these names
             "internal_states": [{
                 "avg_spec_accept_length": figures.get("spec_accept_length", 0.0),
@@ -421,6 +428,19 @@ class TokenizerManager:
         ``UpdateWeightsFromDistributedReq``, ``DestroyWeightsGroupReq``, ``GetWeightsReq``) with
         ``fields``; its reply. Joining and receiving wait on the trainer: the wait is long."""
         return await self._control(kind(req_id=next(self._ctrl_ids), **fields), timeout=WEIGHTS_TIMEOUT_S)
+
+    async def pause_generation(self, mode: str = "abort") -> ControlReply:
+        """Stop launching steps (``PauseGenerationReq``); requests sent meanwhile wait."""
+        return await self._control(PauseGenerationReq(req_id=next(self._ctrl_ids), mode=mode))
+
+    async def continue_generation(self) -> ControlReply:
+        return await self._control(ContinueGenerationReq(req_id=next(self._ctrl_ids)))
+
+    async def memory_occupation(self, *, release: bool, tags: list[str]) -> ControlReply:
+        """Release or take back the device memory of ``tags`` (``MemoryOccupationReq``); taking
+        it back may capture the CUDA graphs again, hence the long timeout."""
+        msg = MemoryOccupationReq(req_id=next(self._ctrl_ids), release=release, tags=tags)
+        return await self._control(msg, timeout=600)
 
     async def _control(self, msg: Any, timeout: float = CONTROL_TIMEOUT_S) -> ControlReply:
         if self._status == "broken":

@@ -16,9 +16,9 @@ NAME = "model.layers.0.mlp.up_proj.weight"  # a part of the fused gate/up projec
 
 @pytest.fixture(scope="module")
 def cuda_engine():
-    from phloem import Engine
-
     import os
+
+    from phloem import Engine
 
     # the default model when it is installed; with PHLOEM_TEST_TOKENIZER (a tokenizer folder, on
     # a machine without the model) dummy weights of its shape

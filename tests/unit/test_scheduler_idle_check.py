@@ -19,7 +19,7 @@ def run_loop(script: list[tuple[bool, bool, bool]]) -> list[int]:
     message arrives, step busy); returns the iterations after which the check ran."""
     proc = object.__new__(SchedulerProcess)
     proc.running, proc._idle_checked, proc._last_stats = True, True, time.monotonic() + 1e9
-    proc._weight_updates = []
+    proc._weight_updates, proc._flush_pending = [], False
     it = iter(script)
     now: dict[str, object] = {}
     checks: list[int] = []
@@ -43,6 +43,8 @@ def run_loop(script: list[tuple[bool, bool, bool]]) -> list[int]:
             now.update(idle=nxt[0], arrived=nxt[1], busy=nxt[2])
 
     class Sched:
+        stopped = False  # never paused here
+
         @property
         def is_idle(self) -> bool:
             return bool(now["idle"])

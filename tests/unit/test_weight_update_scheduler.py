@@ -18,6 +18,7 @@ class FakeScheduler:
     def __init__(self, running: list[str]) -> None:
         self.running = list(running)
         self.events: list[str] = []
+        self.released: set[str] = set()  # memory given back (none here)
 
     @property
     def is_idle(self) -> bool:
