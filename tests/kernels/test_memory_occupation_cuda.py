@@ -15,7 +15,7 @@ def test_release_and_resume_on_cuda_with_graphs() -> None:
     from phloem.runtime.model_files import resolve_model
 
     runner = ModelRunner(
-        resolve_model(None), dtype="bfloat16", device="cuda",
+        resolve_model("smollm2-135m", "dummy"), dtype="bfloat16", device="cuda",
         max_total_tokens=65536, max_running_requests=16, context_len=2048,
     )  # fmt: skip
     assert runner.cuda_graphs is not None and runner.cuda_graphs.graphs
