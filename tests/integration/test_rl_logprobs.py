@@ -129,3 +129,14 @@ def test_http_raw_and_processed_logprobs(server, engine, reference):
         timeout=30,
     )
     assert bad.status_code == 400 and "sampling_params.logprob_mode" in bad.text
+
+
+def test_processed_logprobs_see_logit_bias(engine):
+    # a bias of 100 makes one token certain: processed says so, raw still reports the model's view
+    token = engine.tm.tokenizer.encode(" blue")[0]
+    params = {"max_new_tokens": 3, "temperature": 0.7, "sampling_seed": 1, "logit_bias": {str(token): 100.0}}
+    raw = engine.generate(PROMPT, sampling_params=params, return_logprob=True)
+    processed = engine.generate(PROMPT, sampling_params={**params, "logprob_mode": "processed"}, return_logprob=True)
+    assert raw["output_ids"] == processed["output_ids"] == [token] * 3
+    assert all(lp > -1e-4 for lp, _, _ in processed["meta_info"]["output_token_logprobs"])
+    assert all(lp < -1.0 for lp, _, _ in raw["meta_info"]["output_token_logprobs"])
