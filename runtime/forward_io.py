@@ -82,6 +82,9 @@ class LogprobRequest:
     # Input logprobs: for request r, logprobs of its new tokens at extend offsets
     # >= input_logprob_starts[r] (-1 = none). Offsets are within this pass's new tokens.
     input_logprob_starts: list[int] = field(default_factory=list)
+    # Per request: output logprobs from the distribution the token was drawn from (sampling
+    # params' logprob_mode "processed") instead of the raw logits; missing entries mean raw.
+    processed: list[bool] = field(default_factory=list)
 
 
 @dataclass
@@ -149,6 +152,7 @@ class ForwardInput:
                 top_logprobs_nums=lp.top_logprobs_nums,
                 token_ids_logprob=lp.token_ids_logprob,
                 input_logprob_starts=lp.input_logprob_starts,
+                processed=lp.processed,
             )
         return ForwardInput(
             mode=self.mode, input_ids=ids, positions=pos, out_slots=slots,  # type: ignore[arg-type]

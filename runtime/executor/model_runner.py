@@ -389,9 +389,16 @@ class ModelRunner:
             else logits[to_device(plan.last, logits.device)]
         )
         dev.sampling.vocab_mask = _resolve_mask(dev.sampling.vocab_mask, self.device)
-        next_ids = self.sampler(last, dev.sampling)  # [B]
+        processed = host.logprobs is not None and any(host.logprobs.processed)
+        drawn = None
+        if processed:
+            next_ids, drawn = self._sample_with_logits(last, dev.sampling)
+        else:
+            next_ids = self.sampler(last, dev.sampling)  # [B]
         # logprobs: their copy is queued before the tokens' event, which therefore covers both
-        logp = self._logprobs_to_host(logits) if host.logprobs is not None else None
+        logp = None
+        if host.logprobs is not None:
+            logp = self._logprobs_to_host(self._log_softmax(logits, plan, host, drawn))
         cpu_ids, event = to_host_async(next_ids)  # [B]; the scheduler waits on the event
         build = None
         if logp is not None:
@@ -504,12 +511,40 @@ class ModelRunner:
         return _LogitRows(torch.tensor(rows), torch.tensor(last), starts if wants else [], first_new)
 
     # ---- logprobs -----------------------------------------------------------------------------
+    def _sample_with_logits(self, logits: torch.Tensor, info: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens and the logits they were drawn from (``Sampler.sample_with_logits``)."""
+        fn = getattr(self.sampler, "sample_with_logits", None)
+        if fn is None:
+            raise RuntimeError("the installed sampler cannot report the distribution it samples from")
+        return fn(logits, info)
+
     @staticmethod
-    def _logprobs_to_host(logits: torch.Tensor) -> torch.Tensor:
-        """``log_softmax`` of the raw logits (before any sampling transform), ``[N, V]`` float32,
-        queued for the host: on a GPU into pinned memory, valid once the forward's event fired.
-        A plain ``.cpu()`` here would make the worker wait for the pass."""
+    def _log_softmax(
+        logits: torch.Tensor, plan: _LogitRows, fi: ForwardInput, drawn: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``[N, V]`` float32 ``log_softmax`` of the logit rows. Raw logits (before any sampling
+        transform) everywhere, except the last row of a request in the ``"processed"`` logprob
+        mode: that row is ``drawn``'s, the distribution its token was sampled from. Tokens that
+        distribution excludes read the lowest finite float32 rather than ``-inf`` (JSON has no
+        infinities)."""
         logp = torch.log_softmax(logits.float(), dim=-1)
+        if drawn is None:
+            return logp
+        assert fi.logprobs is not None
+        want = [r for r, p in enumerate(fi.logprobs.processed) if p]
+        last = plan.last if plan.starts or plan.rows.numel() != fi.batch_size else torch.arange(fi.batch_size)
+        rows = torch.tensor([int(last[r]) for r in want])
+        sel = torch.tensor(want)
+        floor = torch.finfo(torch.float32).min
+        picked = torch.log_softmax(drawn[to_device(sel, drawn.device)].float(), dim=-1).clamp_min(floor)
+        logp[to_device(rows, logp.device)] = picked
+        return logp
+
+    @staticmethod
+    def _logprobs_to_host(logp: torch.Tensor) -> torch.Tensor:
+        """``logp`` (:meth:`_log_softmax`) queued for the host: on a GPU into pinned memory,
+        valid once the forward's event fired. A plain ``.cpu()`` here would make the worker wait
+        for the pass."""
         if logp.device.type == "cpu":
             return logp
         if logp.numel() * logp.element_size() > _PINNED_LOGPROB_BYTES:
@@ -522,7 +557,7 @@ class ModelRunner:
     def _logprobs(
         self, fi: ForwardInput, plan: _LogitRows, logp: torch.Tensor, next_ids: torch.Tensor
     ) -> list[TokenLogprobs]:
-        """Per-request logprobs from the host copies of ``log_softmax`` (:meth:`_logprobs_to_host`)
+        """Per-request logprobs from the host copies of ``log_softmax`` (:meth:`_log_softmax`)
         and of the sampled ids; run once the forward's event fired (``ForwardOutput.logprobs``)."""
         lp = fi.logprobs
         assert lp is not None

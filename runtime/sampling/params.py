@@ -20,6 +20,9 @@ Choices beyond SGLang's contract:
 - ``logit_bias`` keys may be ints or digit strings; they are stored as ints. Keys are checked
   against the vocabulary later, by :meth:`SamplingParams.validate_vocab`.
 - A ``stop_regex`` that matches the empty string is rejected (it would stop every request at once).
+- ``logprob_mode`` (phloem's own field) picks the distribution output logprobs are read from:
+  ``"raw"`` (default), the model's own ``log_softmax(logits)``, or ``"processed"``, the one the
+  token was drawn from (see :data:`LOGPROB_MODES`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ MAX_STOP_ENTRIES = 32
 MAX_STOP_CHARS = 1024  # longer stop strings would make every stop check decode a huge window
 GREEDY_EPS = 1e-6  # temperatures below this are greedy
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
+# Which distribution output logprobs come from. "raw": log_softmax of the model's logits, before
+# any sampling transform (what a trainer recomputes from the same weights). "processed": after
+# grammar masks, banned tokens, logit bias, penalties, temperature and top-k/top-p/min-p (the
+# distribution the token was actually drawn from; greedy rows skip temperature and truncation).
+LOGPROB_MODES = ("raw", "processed")
 _INT64_MAX = (1 << 63) - 1
 
 
@@ -72,6 +80,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=Tr
     sampling_seed: int | None = None
     custom_params: dict[str, Any] | None = None  # accepted and ignored
     stream_interval: int | None = None
+    logprob_mode: str = "raw"  # one of LOGPROB_MODES
 
     def __post_init__(self) -> None:
         if _TRUSTED.get():
@@ -341,6 +350,12 @@ def _seed(field: str, v: Any) -> int:
     return _int(field, v, lo=-_INT64_MAX - 1, hi=_INT64_MAX)
 
 
+def _logprob_mode(field: str, v: Any) -> str:
+    if v not in LOGPROB_MODES:
+        raise InvalidRequest(field, f"must be one of {', '.join(map(repr, LOGPROB_MODES))}, got {_show(v)}")
+    return str(v)
+
+
 def _dict(field: str, v: Any) -> dict[str, Any]:
     if not isinstance(v, dict):
         raise InvalidRequest(field, f"must be an object, got {_show(v)}")
@@ -377,6 +392,7 @@ _NORMALIZERS: dict[str, Any] = {
     "sampling_seed": _seed,
     "custom_params": _dict,
     "stream_interval": lambda f, v: _int(f, v, lo=1),
+    "logprob_mode": _logprob_mode,
 }
 
 

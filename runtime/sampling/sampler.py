@@ -67,15 +67,36 @@ class Sampler:
         torch.Tensor
             Int64 ``[B]`` token ids, on the device of ``logits``.
         """
-        auto = info.automaton
-        if auto is not None and fused_automaton_greedy(info):
+        if info.automaton is not None and fused_automaton_greedy(info):
             return automaton_greedy_tokens(logits, info)
+        return self._draw(logits, info, keep=False)[0]
+
+    def sample_with_logits(
+        self, logits: torch.Tensor, info: SamplingInfo
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Next token per row, and the logits each row's token was drawn from (``[B, V]``, with
+        ``-inf`` where a token was excluded): ``softmax`` of row ``b`` is the distribution of
+        ``tokens[b]``. A sampled row's logits went through :func:`process_logits`, temperature
+        and the truncation filters; a greedy row's through :func:`process_logits` only (its token
+        is that row's argmax). For the ``"processed"`` logprob mode."""
+        tokens, x = self._draw(logits, info, keep=True)
+        assert x is not None
+        return tokens, x
+
+    def _draw(
+        self, logits: torch.Tensor, info: SamplingInfo, *, keep: bool
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        auto = info.automaton
         states = auto.current(info.automaton_rows, info.automaton_init) if auto is not None else None
         x = process_logits(logits, info, automaton_states=states)
-        tokens = greedy_tokens(x) if info.is_greedy_all else self._sample(x, info)
+        drawn: torch.Tensor | None
+        if info.is_greedy_all:
+            tokens, drawn = greedy_tokens(x), x
+        else:
+            tokens, drawn = self._sample(x, info, keep=keep)
         if states is not None:
             auto.advance(info.automaton_rows, states, tokens)
-        return tokens
+        return tokens, drawn if keep else None
 
     def step_sampler(self, info: SamplingInfo) -> Callable[[torch.Tensor], torch.Tensor]:
         """``logits -> tokens`` for a batch that samples every one of several steps with ``info``
@@ -101,11 +122,15 @@ class Sampler:
             self._generators[device] = gen
         return gen
 
-    def _sample(self, x: torch.Tensor, info: SamplingInfo) -> torch.Tensor:
+    def _sample(
+        self, processed: torch.Tensor, info: SamplingInfo, *, keep: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Tokens of a batch with sampled rows, and (``keep``) the logits each row's token came
+        from: the sampled rows' scaled and truncated ``x``, the greedy rows' ``processed``."""
         is_greedy = (info.temperatures < GREEDY_EPS) | (info.top_ks == 1)  # [B]
-        greedy = greedy_tokens(x)
+        greedy = greedy_tokens(processed)
         temps = torch.where(is_greedy, torch.ones_like(info.temperatures), info.temperatures)
-        x = x / temps.unsqueeze(1)
+        x = processed / temps.unsqueeze(1)
         if info.use_top_k_top_p:
             x = x.masked_fill(top_k_top_p_drop_mask(x, info.top_ks, info.top_ps), float("-inf"))
         if info.use_min_p:
@@ -116,7 +141,8 @@ class Sampler:
             steps = info.steps if info.steps is not None else torch.zeros_like(info.seeds)
             u = torch.where(seeded, seeded_uniform(info.seeds, steps, x.shape[1]), u)
         sampled = gumbel_argmax(x, u)
-        return torch.where(is_greedy, greedy, sampled)
+        drawn = torch.where(is_greedy.unsqueeze(1), processed, x) if keep else None
+        return torch.where(is_greedy, greedy, sampled), drawn
 
 
 # Vocabularies from which greedy sampling on CUDA takes the Triton argmax. torch reduces a row in

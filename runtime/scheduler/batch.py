@@ -115,6 +115,7 @@ def _logprob_request(batch: ScheduledBatch) -> LogprobRequest | None:
         top_logprobs_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in batch.reqs],
         token_ids_logprob=[r.token_ids_logprob if r.return_logprob else None for r in batch.reqs],
         input_logprob_starts=starts,
+        processed=[r.return_logprob and r.params.logprob_mode == "processed" for r in batch.reqs],
     )
 
 

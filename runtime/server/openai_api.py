@@ -92,6 +92,7 @@ _SAMPLING_FIELDS = {
     "ebnf": "ebnf",
     "logit_bias": "logit_bias",
     "seed": "sampling_seed",
+    "logprob_mode": "logprob_mode",
 }
 
 

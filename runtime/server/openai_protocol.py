@@ -48,6 +48,7 @@ class _SamplingFields(_Body):
     regex: str | None = None
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
+    logprob_mode: str | None = None  # phloem's own: "raw" or "processed" logprobs
 
 
 class CompletionRequest(_SamplingFields):

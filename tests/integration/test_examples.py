@@ -96,3 +96,14 @@ def test_openai_backend(examples, server):
     assert state.error() is None
     assert "Paris" in state["answer"]
     assert state["is_city"] in {"yes", "no"}
+
+
+def test_rl_reinforce_pushes_each_step_to_the_engine(examples, capsys):
+    module = examples("rl_reinforce")
+    history = module.main(["--steps", "2", "--batch", "4"])
+    out = capsys.readouterr().out
+    assert history["updates"] == 2 and "done: 2 weight updates pushed to the engine" in out
+    assert len(history["rewards"]) == 2 and all(0.0 <= r <= 1.0 for r in history["rewards"])
+    # the trainer's own forward gives the logprobs the engine reported, before and after a push
+    assert all(gap < 1e-3 for gap in history["gaps"]), history["gaps"]
+    assert out.count("pushed model.norm.weight") == 2

@@ -360,3 +360,14 @@ def test_tool_history_and_tool_choice_none(setup):
     )
     assert r.choices[0].finish_reason == "length"
     assert "tool:sunny" in tm.tokenizer.decode(tm.requests[0].input_ids)
+
+
+def test_logprob_mode_passes_through_and_bad_values_are_400(setup):
+    oai, tm = setup
+    oai.completions.create(model="fake", prompt="a", max_tokens=2, logprobs=1, extra_body={"logprob_mode": "processed"})
+    assert tm.requests[-1].sampling_params.logprob_mode == "processed"
+    oai.chat.completions.create(model="fake", messages=MSG, max_tokens=2, logprobs=True)
+    assert tm.requests[-1].sampling_params.logprob_mode == "raw"
+    with pytest.raises(openai.BadRequestError) as info:
+        oai.completions.create(model="fake", prompt="a", max_tokens=2, extra_body={"logprob_mode": "scaled"})
+    assert "logprob_mode" in info.value.body["message"]
