@@ -14,6 +14,7 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -286,13 +287,7 @@ class SchedulerProcess:
             message = "the weights are released: resume memory occupation of 'weights' first"
             self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message))
             return
-        try:
-            self._check_update(msg)
-        except InvalidRequest as e:
-            self._send_tm(_refusal(msg, e))
-            return
-        except Exception:
-            self._send_tm(_fault(msg))
+        if self._refused(msg, lambda: self._check_update(msg)):
             return
         if msg.abort_all_requests:
             # 503: the client may retry once the update is done
@@ -349,15 +344,30 @@ class SchedulerProcess:
     def _on_get_weights(self, msg: GetWeightsReq) -> None:
         from phloem.runtime.executor.weight_update import weight_values
 
+        if "weights" in self.scheduler.released:
+            message = "the weights are released: resume memory occupation of 'weights' first"
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message))
+            return
+        values: list[Any] = []
+
+        def read() -> None:
+            values.append(weight_values(self.rt.runner.model, msg.name, msg.truncate_size))
+
+        if not self._refused(msg, read):
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=True, data={"values": values[0]}))
+
+    def _refused(self, msg: Any, work: Callable[[], None]) -> bool:
+        """Run ``work``; when it raises, answer ``msg`` (a refusal naming the field for an
+        ``InvalidRequest``, an internal error otherwise) and return True."""
         try:
-            values = weight_values(self.rt.runner.model, msg.name, msg.truncate_size)
+            work()
         except InvalidRequest as e:
             self._send_tm(_refusal(msg, e))
-            return
+            return True
         except Exception:
             self._send_tm(_fault(msg))
-            return
-        self._send_tm(ControlReply(req_id=msg.req_id, ok=True, data={"values": values}))
+            return True
+        return False
 
     def _check_update(self, msg: UpdateWeightsReq) -> None:
         """Raise ``InvalidRequest`` for an update that cannot succeed; tensors sent with the

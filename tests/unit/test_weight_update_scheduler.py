@@ -187,3 +187,19 @@ def test_a_broadcast_update_is_refused_before_receiving_and_queued_once_received
     failed = Finished(UpdateWeightsFromDistributedReq(req_id=9, **body), error=RuntimeError("peer closed"))
     proc._on_group_job_done(failed)
     assert sent[2].ok is False and sent[2].data == {"field": "group_name"} and "peer closed" in sent[2].message
+
+
+def test_reading_weights_back_names_the_field_and_is_refused_while_they_are_released():
+    from phloem.runtime.errors import InvalidRequest
+    from phloem.runtime.messages import GetWeightsReq
+
+    def unknown(name: str) -> Any:
+        raise InvalidRequest("name", f"no weight named {name!r}")
+
+    proc, sent = make_proc(running=[])
+    proc.rt.runner.model = SimpleNamespace(checkpoint_target=unknown)
+    proc._on_get_weights(GetWeightsReq(req_id=1, name="no.such.weight", truncate_size=2))
+    assert not sent[-1].ok and sent[-1].data.get("field") == "name"
+    proc.scheduler.released = {"weights"}  # type: ignore[attr-defined]
+    proc._on_get_weights(GetWeightsReq(req_id=2, name="model.norm.weight", truncate_size=2))
+    assert not sent[-1].ok and "released" in sent[-1].message
