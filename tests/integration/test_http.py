@@ -188,8 +188,8 @@ def test_huge_prompts_are_refused_quickly_without_holding_a_short_one(server):
         ("/generate", {"text": text(3_000_000), "sampling_params": {"max_new_tokens": 1}}, "text"),
         ("/generate", {"text": text(3_000_000), "sampling_params": {"max_new_tokens": 1}}, "text"),
         ("/generate", {"text": text(300_000), "sampling_params": {"max_new_tokens": 1}}, "text"),
-        ("/v1/completions", {"model": "m", "prompt": text(3_000_000), "max_tokens": 1}, "prompt"),
-        ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": text(3_000_000)}]}, "messages"),
+        ("/v1/completions", {"model": "default", "prompt": text(3_000_000), "max_tokens": 1}, "prompt"),
+        ("/v1/chat/completions", {"model": "default", "messages": [{"role": "user", "content": text(3_000_000)}]}, "messages"),
     ]
 
     async def main() -> tuple[list[tuple[int, dict, float]], int]:
