@@ -200,6 +200,9 @@ async def health_generate(request: Request) -> Response:
     state = tm.health()
     if state != "serving":
         return JSONResponse(_state_body(tm, state), status_code=503)
+    held = tm.held() if hasattr(tm, "held") else ""
+    if held:  # a probe would wait with the held requests until its timeout
+        return JSONResponse({"status": "held", "message": held}, status_code=503)
     params = SamplingParams(max_new_tokens=1, temperature=0.0)
     req = GenerateRequest(text="Hello", sampling_params=params, rid=f"health-{uuid.uuid4().hex}")
     run = RequestRun(tm, [req])

@@ -102,6 +102,8 @@ class TokenizerManager:
         self.scheduler_info: dict[str, Any] = {}
         self.live_stats: dict[str, float] = {}
         self._status = "starting"
+        self.paused = False  # by /pause_generation, until /continue_generation
+        self.released: set[str] = set()  # memory tags released, until resumed
         self._broken_reason = ""
         self.liveness = Liveness(watchdog_s=args.watchdog_timeout)
         self._ctrl_ids = itertools.count(1)
@@ -431,16 +433,30 @@ class TokenizerManager:
 
     async def pause_generation(self, mode: str = "abort") -> ControlReply:
         """Stop launching steps (``PauseGenerationReq``); requests sent meanwhile wait."""
-        return await self._control(PauseGenerationReq(req_id=next(self._ctrl_ids), mode=mode))
+        reply = await self._control(PauseGenerationReq(req_id=next(self._ctrl_ids), mode=mode))
+        self.paused = self.paused or reply.ok
+        return reply
 
     async def continue_generation(self) -> ControlReply:
-        return await self._control(ContinueGenerationReq(req_id=next(self._ctrl_ids)))
+        reply = await self._control(ContinueGenerationReq(req_id=next(self._ctrl_ids)))
+        self.paused = self.paused and not reply.ok
+        return reply
 
     async def memory_occupation(self, *, release: bool, tags: list[str]) -> ControlReply:
         """Release or take back the device memory of ``tags`` (``MemoryOccupationReq``); taking
         it back may capture the CUDA graphs again, hence the long timeout."""
         msg = MemoryOccupationReq(req_id=next(self._ctrl_ids), release=release, tags=tags)
-        return await self._control(msg, timeout=600)
+        reply = await self._control(msg, timeout=600)
+        if reply.ok:
+            self.released = self.released | set(tags) if release else self.released - set(tags)
+        return reply
+
+    def held(self) -> str:
+        """Why requests wait without running (paused, memory released), or "" when they run."""
+        why = ["generation is paused"] if self.paused else []
+        if self.released:
+            why.append(f"memory is released ({', '.join(sorted(self.released))})")
+        return "; ".join(why)
 
     async def _control(self, msg: Any, timeout: float = CONTROL_TIMEOUT_S) -> ControlReply:
         if self._status == "broken":

@@ -113,6 +113,8 @@ def test_http_pause_mid_request_then_continue_keeps_greedy_text(server, referenc
         late = Background(lambda _: post(server.url, "/generate", {"text": "Hello", "sampling_params": SHORT}))
         time.sleep(1.0)
         assert long.thread.is_alive() and late.thread.is_alive()  # both wait while paused
+        probe = requests.get(server.url + "/health_generate", timeout=10)  # at once, not after 20 s
+        assert probe.status_code == 503 and probe.json()["status"] == "held"
     finally:
         assert post(server.url, "/continue_generation", {}).json()["success"] is True
     out = long.join()

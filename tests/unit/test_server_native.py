@@ -665,3 +665,12 @@ def test_an_unexpected_error_reaches_the_client_as_an_incident_id_only(caplog):
     incident = message.split("incident ")[1].split(";")[0]
     logged = [rec for rec in caplog.records if incident in rec.getMessage()]
     assert logged and "alice" in logged[0].getMessage()  # the operator sees it all
+
+
+def test_health_generate_answers_at_once_while_generation_is_held():
+    client, tm = make_client()
+    tm.held = lambda: "generation is paused"
+    r = client.get("/health_generate")
+    assert r.status_code == 503 and r.json() == {"status": "held", "message": "generation is paused"}
+    tm.held = lambda: ""
+    assert client.get("/health_generate").status_code == 200
