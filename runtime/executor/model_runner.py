@@ -532,7 +532,7 @@ class ModelRunner:
             return logp
         assert fi.logprobs is not None
         want = [r for r, p in enumerate(fi.logprobs.processed) if p]
-        last = plan.last if plan.starts or plan.rows.numel() != fi.batch_size else torch.arange(fi.batch_size)
+        last = _last_rows(plan, fi)
         rows = torch.tensor([int(last[r]) for r in want])
         sel = torch.tensor(want)
         floor = torch.finfo(torch.float32).min
@@ -561,7 +561,7 @@ class ModelRunner:
         and of the sampled ids; run once the forward's event fired (``ForwardOutput.logprobs``)."""
         lp = fi.logprobs
         assert lp is not None
-        last = plan.last if plan.starts or plan.rows.numel() != fi.batch_size else torch.arange(fi.batch_size)
+        last = _last_rows(plan, fi)
         sampled = next_ids.tolist()
         ids = fi.input_ids.tolist()
         offsets = [0, *torch.cumsum(fi.extend_lens, 0).tolist()]
@@ -574,6 +574,11 @@ class ModelRunner:
                 _input_logprobs(res, lp, r, logp, plan.starts[r] - plan.first_new[r], start, new_ids)
             out.append(res)
         return out
+
+
+def _last_rows(plan: _LogitRows, fi: ForwardInput) -> torch.Tensor:
+    """Each request's row of its last new token among the logit rows."""
+    return plan.last if plan.starts or plan.rows.numel() != fi.batch_size else torch.arange(fi.batch_size)
 
 
 def _output_logprobs(lp: LogprobRequest, r: int, row: torch.Tensor, token: int) -> TokenLogprobs:

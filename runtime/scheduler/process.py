@@ -284,8 +284,7 @@ class SchedulerProcess:
         running (:meth:`_run_weight_updates`). With ``abort_all_requests`` the running requests
         are aborted now instead of finishing."""
         if "weights" in self.scheduler.released:
-            message = "the weights are released: resume memory occupation of 'weights' first"
-            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message))
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=WEIGHTS_RELEASED))
             return
         if self._refused(msg, lambda: self._check_update(msg)):
             return
@@ -345,8 +344,7 @@ class SchedulerProcess:
         from phloem.runtime.executor.weight_update import weight_values
 
         if "weights" in self.scheduler.released:
-            message = "the weights are released: resume memory occupation of 'weights' first"
-            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=message))
+            self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=WEIGHTS_RELEASED))
             return
         values: list[Any] = []
 
@@ -455,6 +453,9 @@ def heartbeat_sender(ctx: zmq.Context, endpoint: str) -> Any:
         sock.send(codec.encode(msg), flags=zmq.NOBLOCK)
 
     return send
+
+
+WEIGHTS_RELEASED = "the weights are released: resume memory occupation of 'weights' first"
 
 
 def _refusal(msg: Any, err: InvalidRequest) -> ControlReply:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
@@ -60,12 +60,12 @@ class Background:
         return self.result
 
 
-def http_stream(url: str, text: str, sampling: dict) -> Background:
-    """A streamed /generate whose result is its last chunk; started after 3 chunks."""
+def last_chunk(chunks: Callable[[], Iterable[dict]]) -> Background:
+    """A stream run in the background, whose result is its last chunk; started after 3 chunks."""
 
     def work(started: threading.Event) -> dict:
         last: dict = {}
-        for i, chunk in enumerate(stream_chunks(url, {"text": text, "sampling_params": sampling})):
+        for i, chunk in enumerate(chunks()):
             last = chunk
             if i >= 2:
                 started.set()
@@ -73,21 +73,16 @@ def http_stream(url: str, text: str, sampling: dict) -> Background:
         return last
 
     return Background(work)
+
+
+def http_stream(url: str, text: str, sampling: dict) -> Background:
+    """A streamed /generate (``last_chunk``)."""
+    return last_chunk(lambda: stream_chunks(url, {"text": text, "sampling_params": sampling}))
 
 
 def engine_stream(engine: Any) -> Background:
     """``http_stream`` through ``Engine.generate(stream=True)``."""
-
-    def work(started: threading.Event) -> dict:
-        last: dict = {}
-        for i, chunk in enumerate(engine.generate(PROMPT, sampling_params=SAMPLING, stream=True)):
-            last = chunk
-            if i >= 2:
-                started.set()
-        started.set()
-        return last
-
-    return Background(work)
+    return last_chunk(lambda: engine.generate(PROMPT, sampling_params=SAMPLING, stream=True))
 
 
 def server_info(url: str) -> dict:
