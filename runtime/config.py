@@ -15,7 +15,9 @@ from typing import Any, Literal, get_args, get_origin
 
 def _opt(default: Any, help: str, choices: tuple | None = None, *, secret: bool = False) -> Any:
     """A field; a ``secret`` one is left out of ``repr`` and masked by ``public_dict``."""
-    return field(default=default, repr=not secret, metadata={"help": help, "choices": choices, "secret": secret})
+    return field(
+        default=default, repr=not secret, metadata={"help": help, "choices": choices, "secret": secret}
+    )
 
 
 REDACTED = "<redacted>"
@@ -24,10 +26,15 @@ REDACTED = "<redacted>"
 @dataclass(frozen=True)
 class EngineArgs:
     # --- model and loading
-    model_path: str | None = _opt(None, "GGUF file, Hugging Face directory, a model id in the local Hugging Face cache, or empty for the default model")
+    model_path: str | None = _opt(
+        None,
+        "GGUF file, Hugging Face directory, a model id in the local Hugging Face cache, or empty for the default model",
+    )
     load_format: str = _opt("auto", "how to load weights", ("auto", "gguf", "safetensors", "dummy"))
     dummy_shape: str = _opt("smollm2-135m", "named shape for --load-format dummy")
-    tokenizer_path: str | None = _opt(None, "tokenizer (GGUF or folder with tokenizer.json) instead of the model's")
+    tokenizer_path: str | None = _opt(
+        None, "tokenizer (GGUF or folder with tokenizer.json) instead of the model's"
+    )
     dtype: str = _opt("auto", "compute dtype", ("auto", "float32", "bfloat16", "float16"))
     device: str = _opt("auto", "cpu, cuda or auto", ("auto", "cpu", "cuda"))
     context_length: int | None = _opt(None, "override the model's context length")
@@ -46,6 +53,16 @@ class EngineArgs:
         "auto", "synthetic requests at start-up, so first-use kernel builds and allocations happen "
         "before serving (auto: on CUDA only)", ("auto", "on", "off"),
     )  # fmt: skip
+    # --- parallelism (docs/scaling.md)
+    tp_size: int = _opt(1, "tensor-parallel ranks: each holds 1/N of every layer (one process per rank)")
+    dp_size: int = _opt(1, "data-parallel replicas behind the cache-aware router (each with --tp-size ranks)")
+    nnodes: int = _opt(1, "machines the --tp-size ranks span")
+    node_rank: int = _opt(0, "this machine's index among --nnodes (0 serves HTTP)")
+    dist_init_addr: str | None = _opt(
+        None, "HOST:PORT of the torch.distributed rendezvous (required with --nnodes > 1; default: a "
+        "free local port)",
+    )  # fmt: skip
+    base_gpu_id: int = _opt(0, "first GPU this machine's ranks use (rank r on a node takes base + r)")
     # --- memory and cache
     mem_fraction_static: float | None = _opt(None, "fraction of device memory for weights + KV pool")
     max_total_tokens: int | None = _opt(None, "KV pool size in tokens (overrides the memory budget)")
@@ -56,13 +73,15 @@ class EngineArgs:
     hicache_ratio: float = _opt(2.0, "host KV pool size as a multiple of the device pool")
     hicache_size: float | None = _opt(None, "host KV pool size in GB (overrides --hicache-ratio)")
     hicache_write_policy: str = _opt(
-        "write_through", "when device KV is copied to the host: first hit, second hit, or on eviction",
+        "write_through",
+        "when device KV is copied to the host: first hit, second hit, or on eviction",
         ("write_through", "write_through_selective", "write_back"),
     )
     hicache_storage_backend: str | None = _opt(None, "storage tier below the host pool", (None, "file"))
     hicache_storage_dir: str | None = _opt(None, "directory of the file storage tier")
     hicache_storage_prefetch_policy: str = _opt(
-        "timeout", "how long a request waits for its prefix from storage",
+        "timeout",
+        "how long a request waits for its prefix from storage",
         ("best_effort", "wait_complete", "timeout"),
     )
     # --- scheduling
@@ -79,7 +98,9 @@ class EngineArgs:
     enable_priority_scheduling: bool = _opt(False, "order by request priority and preempt lower ones")
     priority_preemption_threshold: int = _opt(10, "min priority gap for a waiting request to preempt")
     disable_overlap_schedule: bool = _opt(False, "process step N's results before launching step N+1")
-    enable_cpu_overlap_schedule: bool = _opt(False, "the overlap loop on the CPU too (off by default: it shares the cores)")
+    enable_cpu_overlap_schedule: bool = _opt(
+        False, "the overlap loop on the CPU too (off by default: it shares the cores)"
+    )
     enable_deterministic_inference: bool = _opt(False, "batch-invariant kernels: same text in any batch")
     num_continuous_decode_steps: int = _opt(
         0, "decode steps (greedy EAGLE chain steps with speculation) run back to back, without the "
@@ -93,7 +114,9 @@ class EngineArgs:
     stream_interval: int = _opt(1, "send streaming output every N tokens")
     log_interval: int = _opt(40, "decode steps between two log lines")
     # --- grammars
-    grammar_backend: str = _opt("xgrammar", "constrained decoding backend", ("xgrammar", "llguidance", "outlines", "none"))
+    grammar_backend: str = _opt(
+        "xgrammar", "constrained decoding backend", ("xgrammar", "llguidance", "outlines", "none")
+    )
     grammar_on_device: str = _opt(
         "auto",
         "regex and regular JSON schema grammars as token automata on the device (masked inside "
@@ -126,7 +149,8 @@ class EngineArgs:
         "counts as hung: the scheduler, or else the server, logs why and exits non-zero",
     )  # fmt: skip
     metrics_prefix: str = _opt(
-        "phloem", "prefix of the /metrics names (sglang: the names dashboards built for SGLang read)",
+        "phloem",
+        "prefix of the /metrics names (sglang: the names dashboards built for SGLang read)",
         ("phloem", "sglang"),
     )
 

@@ -148,6 +148,7 @@ def check_supported(args: EngineArgs) -> None:
         raise ValueError(
             f"--continuous-decode-budget-ms must be >= 0, got {args.continuous_decode_budget_ms}"
         )
+    check_parallel(args)
     if not args.watchdog_timeout > 0:
         raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {args.watchdog_timeout}")
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
@@ -161,6 +162,19 @@ def check_supported(args: EngineArgs) -> None:
             raise ValueError(
                 "--device cuda: no CUDA device is visible to this torch build; use --device cpu (or auto)"
             )
+
+
+def check_parallel(args: EngineArgs) -> None:
+    """The parallelism flags describe a possible layout, or one line says which does not."""
+    for name in ("tp_size", "dp_size", "nnodes"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if not 0 <= args.node_rank < args.nnodes:
+        raise ValueError(f"--node-rank {args.node_rank}: expected 0 <= node rank < --nnodes {args.nnodes}")
+    if args.base_gpu_id < 0:
+        raise ValueError(f"--base-gpu-id must be >= 0, got {args.base_gpu_id}")
+    if args.tp_size > 1 or args.dp_size > 1 or args.nnodes > 1:
+        raise ValueError("--tp-size, --dp-size and --nnodes above 1 are not available in this build yet")
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:
