@@ -82,7 +82,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     from phloem.runtime.config import EngineArgs
     from phloem.runtime.server.app import run_server
 
-    return int(run_server(EngineArgs.from_cli(ns)) or 0)
+    args = EngineArgs.from_cli(ns)
+    if args.node_rank > 0:  # a further node of a multi-node tensor-parallel engine: no server here
+        from phloem.runtime.launch import run_follower_node
+
+        return run_follower_node(args)
+    return int(run_server(args) or 0)
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:

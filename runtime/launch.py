@@ -68,6 +68,7 @@ def start_processes(args: EngineArgs, model_source: Any) -> EngineProcesses:
     ctx = mp.get_context("spawn")
     ipc = IpcPaths.fresh()
     me = os.getpid()
+    args = with_rendezvous(args)
     sched = ctx.Process(
         target=run_scheduler_process, args=(args, ipc, me), name="phloem-scheduler", daemon=True
     )
@@ -79,7 +80,55 @@ def start_processes(args: EngineArgs, model_source: Any) -> EngineProcesses:
     )
     sched.start()
     detok.start()
-    return EngineProcesses(ipc=ipc, procs=[sched, detok])
+    followers = start_followers(args, skip_rank_0=True)
+    return EngineProcesses(ipc=ipc, procs=[sched, detok, *followers])
+
+
+def with_rendezvous(args: EngineArgs) -> EngineArgs:
+    """``args`` with a rendezvous address when tensor parallelism needs one and none was given (a
+    free local port: one node)."""
+    if args.tp_size == 1 or args.dist_init_addr is not None:
+        return args
+    from phloem.runtime.distributed.ranks import free_port
+
+    return args.replace(dist_init_addr=f"127.0.0.1:{free_port()}")
+
+
+def start_followers(args: EngineArgs, *, skip_rank_0: bool) -> list[Any]:
+    """Spawn this node's tensor-parallel follower ranks (all but global rank 0)."""
+    from phloem.runtime.distributed.follower import run_follower_process
+    from phloem.runtime.distributed.ranks import node_ranks
+
+    ctx = mp.get_context("spawn")
+    procs = []
+    for place in node_ranks(args.tp_size, args.nnodes, args.node_rank, args.base_gpu_id):
+        if place.rank == 0 and skip_rank_0:
+            continue
+        p = ctx.Process(
+            target=run_follower_process, args=(args, place, os.getpid()), name=f"phloem-tp-rank-{place.rank}",
+            daemon=True,
+        )  # fmt: skip
+        p.start()
+        procs.append(p)
+    return procs
+
+
+def run_follower_node(args: EngineArgs) -> int:
+    """``phloem serve --nnodes K --node-rank r`` with r > 0: run this node's ranks (no HTTP server;
+    node 0 serves) until they exit, or until interrupted."""
+    check_supported(args)
+    procs = EngineProcesses(ipc=IpcPaths.fresh(), procs=start_followers(args, skip_rank_0=False))
+    logger.info("node %d of %d: %d tensor-parallel ranks started; node 0 serves", args.node_rank, args.nnodes,
+                len(procs.procs))  # fmt: skip
+    try:
+        while procs.all_alive():
+            time.sleep(WATCHDOG_INTERVAL_S)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        procs.terminate(timeout=5)
+    codes = [p.exitcode for p in procs.procs]
+    return 0 if all(c == 0 for c in codes) else 1
 
 
 async def launch_engine(args: EngineArgs) -> tuple[TokenizerManager, EngineProcesses]:
@@ -173,8 +222,22 @@ def check_parallel(args: EngineArgs) -> None:
         raise ValueError(f"--node-rank {args.node_rank}: expected 0 <= node rank < --nnodes {args.nnodes}")
     if args.base_gpu_id < 0:
         raise ValueError(f"--base-gpu-id must be >= 0, got {args.base_gpu_id}")
-    if args.tp_size > 1 or args.dp_size > 1 or args.nnodes > 1:
-        raise ValueError("--tp-size, --dp-size and --nnodes above 1 are not available in this build yet")
+    if args.dp_size > 1:
+        raise ValueError("--dp-size above 1 is not available in this build yet")
+    from phloem.runtime.distributed.ranks import init_method, node_ranks
+
+    node_ranks(args.tp_size, args.nnodes, args.node_rank)  # raises when --nnodes does not divide
+    if args.nnodes > 1 and args.dist_init_addr is None:
+        raise ValueError("--nnodes above 1 needs --dist-init-addr HOST:PORT (the same on every node)")
+    if args.dist_init_addr is not None:
+        init_method(args.dist_init_addr)  # raises on a malformed address
+    if args.tp_size > 1:
+        for name, on in (
+            ("--speculative-algorithm", args.speculative_algorithm is not None),
+            ("--enable-hierarchical-cache", args.enable_hierarchical_cache),
+        ):
+            if on:
+                raise ValueError(f"{name} is not available with --tp-size above 1")
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:

@@ -35,6 +35,7 @@ import torch
 from phloem.runtime.attention.registry import get_attention_backend_class, resolve_attention_backend
 from phloem.runtime.cache.host_pool import KVLoad, LayerReadiness, LayerwiseLoader
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
+from phloem.runtime.distributed.state import get_tp
 from phloem.runtime.forward_io import (
     ForwardInput,
     ForwardMode,
@@ -143,6 +144,7 @@ class ModelRunner:
         gemm_library: str = "auto",
     ) -> None:
         started = time.perf_counter()
+        self.tp = get_tp()  # this process's tensor-parallel rank (one rank unless init_tp ran)
         self.device = _resolve_device(device)
         self.dtype = _resolve_dtype(dtype, self.device)
         self.kv_dtype = _resolve_kv_dtype(kv_cache_dtype, self.dtype)
@@ -237,6 +239,10 @@ class ModelRunner:
         tokens = int(budget // per_token)
         if self.device.type == "cpu":
             tokens = min(tokens, _CPU_MAX_DEFAULT_TOKENS)
+        if self.tp.size > 1:  # slot ids are shared by every rank: the smallest pool fits them all
+            smallest = torch.tensor([tokens], dtype=torch.int64, device=self.device)
+            torch.distributed.all_reduce(smallest, op=torch.distributed.ReduceOp.MIN, group=self.tp.device_group)
+            tokens = int(smallest.item())
         if tokens < self.context_len // 8:
             raise RuntimeError(
                 f"not enough memory for the KV pool: {tokens} tokens fit; lower the context length"
@@ -397,6 +403,8 @@ class ModelRunner:
             next_ids = self.sampler(last, dev.sampling)  # [B]
         # logprobs: their copy is queued before the tokens' event, which therefore covers both
         logp = None
+        if self.tp.size > 1:  # every rank continues from rank 0's draw (tp_step.py)
+            self.tp.broadcast(next_ids)
         if host.logprobs is not None:
             logp = self._logprobs_to_host(self._log_softmax(logits, plan, host, drawn))
         cpu_ids, event = to_host_async(next_ids)  # [B]; the scheduler waits on the event
@@ -421,6 +429,7 @@ class ModelRunner:
             graphs is None
             or fi.decode_steps < 2
             or fi.step_slots is None
+            or self.tp.size > 1  # the draws inside the replays would need a broadcast each
             or not fi.positions.is_cpu
             or fi.logprobs is not None
             or fi.return_hidden_states

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -92,6 +92,9 @@ class InlineWorker:
         self.runner = runner
         self.future_map = future_map
         self.kv_loader = getattr(runner, "kv_loader", None)  # LayerwiseLoader on CUDA, else None
+        # Tensor parallelism: rank 0 sends each step to the other ranks just before running it
+        # (``tp_step.StepBroadcaster``); called on the thread that runs the step.
+        self.before_step: Callable[[ForwardInput, range | None], None] | None = None
 
     def submit(self, fi: ForwardInput, future_ids: range | None) -> Future[ForwardOutput]:
         fut: Future[ForwardOutput] = Future()
@@ -104,7 +107,13 @@ class InlineWorker:
     def _take_loads(self) -> list[KVLoad]:
         return self.kv_loader.take() if self.kv_loader is not None else []
 
+    def run_step(self, fi: ForwardInput, future_ids: range | None) -> ForwardOutput:
+        """Run one step now, on this thread (a tensor-parallel follower's loop)."""
+        return self._run(fi, future_ids, ())
+
     def _run(self, fi: ForwardInput, future_ids: range | None, loads: Sequence[KVLoad]) -> ForwardOutput:
+        if self.before_step is not None:
+            self.before_step(fi, future_ids)
         fi.input_ids = self.future_map.resolve(fi.input_ids)
         if fi.decode_steps > 1:
             out = self._run_steps(fi, loads)

@@ -29,6 +29,7 @@ class SchedulerRuntime:
     eos_token_ids: set[int]
     info: dict[str, Any]
     send_detokenizer: Callable[[Any], None] = lambda m: None
+    tp_steps: Any = None  # tp_step.StepBroadcaster on rank 0 of a --tp-size > 1 engine
 
 
 SMALL_MODEL_BYTES = 4 << 30  # decode weight bytes below which a CUDA prefill pass takes 16,384 tokens
@@ -77,7 +78,8 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     torch.manual_seed(args.random_seed)
     source = resolve_model(args.model_path, args.load_format, dummy_shape=args.dummy_shape)
     tokenizer = load_tokenizer(source, args.tokenizer_path)
-    runner = _model_runner(args, source)
+    args, tp = _join_tp_group(args)
+    runner = model_runner(args, source)
     pool_rows = runner.req_to_token_pool
     allocator = TokenSlotAllocator(runner.kv_pool.num_slots)
     tree = None if args.disable_radix_cache else RadixTree()
@@ -104,10 +106,38 @@ def build_scheduler(args: EngineArgs, *, send: Callable[[Any], None]) -> tuple[S
     )
     info = _server_info(args, runner, cfg, hicache)
     runtime = SchedulerRuntime(runner=runner, tokenizer=tokenizer, cache=cache, eos_token_ids=eos, info=info)
+    if tp.size > 1:
+        from phloem.runtime.executor.tp_step import StepBroadcaster
+
+        runtime.tp_steps = StepBroadcaster(tp, pool_rows.req_to_token)
+        runtime.tp_steps.hello(future_map.size)
+        worker.before_step = runtime.tp_steps
     return scheduler, runtime
 
 
-def _model_runner(args: EngineArgs, source: Any) -> Any:
+def _join_tp_group(args: EngineArgs) -> tuple[EngineArgs, Any]:
+    """Rank 0's device (``--base-gpu-id`` on CUDA) and, with ``--tp-size`` above 1, its place in
+    the tensor-parallel group (the followers join from their own processes)."""
+    import torch
+    from phloem.runtime.distributed.follower import rank_device
+    from phloem.runtime.distributed.ranks import init_method
+    from phloem.runtime.distributed.state import get_tp, init_tp
+
+    device = rank_device(args.device, args.base_gpu_id)
+    if device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(device))
+        args = args.replace(device=device)
+    if args.tp_size == 1:
+        return args, get_tp()
+    assert args.dist_init_addr is not None, "the launcher sets the rendezvous address"
+    tp = init_tp(
+        rank=0, size=args.tp_size, init_method=init_method(args.dist_init_addr), device=torch.device(device)
+    )
+    return args, tp
+
+
+def model_runner(args: EngineArgs, source: Any) -> Any:
+    """The model runner ``args`` describe (every tensor-parallel rank builds its own)."""
     from phloem.runtime.executor.model_runner import ModelRunner
 
     return ModelRunner(
@@ -205,6 +235,7 @@ def _server_info(args: EngineArgs, runner: Any, cfg: SchedulerConfig, hicache: A
         "available_mem_gb": round(getattr(runner, "available_mem_bytes", 0) / 2**30, 2),
         "hicache_host_tokens": hicache.host_pool.size if hicache is not None else 0,
         "overlap_schedule": cfg.overlap,
+        "tp_size": args.tp_size,
     }
     kv_bytes = runner.kv_pool.bytes_per_token * runner.kv_pool.num_slots
     # the memory probe is a CUDA figure; on the CPU the pool is sized from a token budget instead
@@ -270,6 +301,6 @@ def _grammar_queue(args: EngineArgs, tokenizer: Any, runner: Any, eos: set[int])
 def grammar_on_device(args: EngineArgs, device_type: str) -> bool:
     """Whether regular grammars run as device automata: ``--grammar-on-device on``, or ``auto`` on
     CUDA. Never with speculative decoding, whose verify step masks a tree of drafts on the host."""
-    if args.speculative_algorithm is not None or args.grammar_on_device == "off":
-        return False
+    if args.speculative_algorithm is not None or args.grammar_on_device == "off" or args.tp_size > 1:
+        return False  # (tensor parallel: the automata's state would live on rank 0's device only)
     return args.grammar_on_device == "on" or device_type == "cuda"

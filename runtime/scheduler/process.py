@@ -186,7 +186,10 @@ class SchedulerProcess:
             for frame in self.inp.recv_multipart():
                 msg = self.codec_in.decode(frame)
                 self.scheduler.doing = ("handle", type(msg).__name__)
-                self.handlers[type(msg)](msg)
+                if type(msg) in _SINGLE_RANK_ONLY and self.rt.runner.tp.size > 1:
+                    self._send_tm(ControlReply(req_id=msg.req_id, ok=False, message=_SINGLE_RANK_MESSAGE))
+                else:
+                    self.handlers[type(msg)](msg)
                 self._received += 1
             timeout = 0
         return self._received > 0
@@ -470,6 +473,14 @@ def _fault(msg: Any) -> ControlReply:
     logger.error("weight update failed:\n%s", traceback.format_exc())
     return ControlReply(req_id=msg.req_id, ok=False, message="internal error", data={"internal": True})
 
+# Requests that read or write the weights or the device memory of rank 0 alone: refused under
+# tensor parallelism (each rank holds a shard; the followers would not see them).
+_SINGLE_RANK_ONLY = (UpdateWeightsReq, InitWeightsGroupReq, UpdateWeightsFromDistributedReq, GetWeightsReq,
+                     MemoryOccupationReq)  # fmt: skip
+_SINGLE_RANK_MESSAGE = (
+    "not available with --tp-size above 1: weight updates, weight reads and memory release act on one rank"
+)
+
 
 def freeze_startup_heap() -> int:
     """Put every object alive after start-up (model modules, tokenizer tables, caches) out of the
@@ -521,3 +532,5 @@ def run_scheduler_process(args: EngineArgs, ipc: IpcPaths, parent_pid: int) -> N
         heartbeat.stop()
         scheduler.worker.close()
         runtime.cache.close()  # finishes queued storage writes
+        if runtime.tp_steps is not None:
+            runtime.tp_steps.stop()  # after the worker's last step: the followers exit
