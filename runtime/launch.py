@@ -96,8 +96,8 @@ def with_rendezvous(args: EngineArgs) -> EngineArgs:
 
 def start_followers(args: EngineArgs, *, skip_rank_0: bool) -> list[Any]:
     """Spawn this node's tensor-parallel follower ranks (all but global rank 0)."""
-    from phloem.runtime.distributed.follower import run_follower_process
     from phloem.runtime.distributed.ranks import node_ranks
+    from phloem.runtime.scheduler.tp_follower import run_follower_process
 
     ctx = mp.get_context("spawn")
     procs = []

@@ -10,7 +10,7 @@ from __future__ import annotations
 import socket
 from dataclasses import dataclass
 
-__all__ = ["RankPlace", "free_port", "init_method", "node_ranks"]
+__all__ = ["RankPlace", "free_port", "init_method", "node_ranks", "rank_device"]
 
 
 @dataclass(frozen=True)
@@ -59,3 +59,12 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def rank_device(device: str, gpu: int) -> str:
+    """The device string a rank computes on: ``cuda:<gpu>`` where CUDA is meant, else ``cpu``."""
+    import torch
+
+    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
+        return "cpu"
+    return f"cuda:{gpu}"

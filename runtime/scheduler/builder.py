@@ -119,8 +119,7 @@ def _join_tp_group(args: EngineArgs) -> tuple[EngineArgs, Any]:
     """Rank 0's device (``--base-gpu-id`` on CUDA) and, with ``--tp-size`` above 1, its place in
     the tensor-parallel group (the followers join from their own processes)."""
     import torch
-    from phloem.runtime.distributed.follower import rank_device
-    from phloem.runtime.distributed.ranks import init_method
+    from phloem.runtime.distributed.ranks import init_method, rank_device
     from phloem.runtime.distributed.state import get_tp, init_tp
 
     device = rank_device(args.device, args.base_gpu_id)

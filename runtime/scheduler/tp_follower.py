@@ -17,20 +17,11 @@ import traceback
 from typing import Any
 
 from phloem.runtime.config import EngineArgs
-from phloem.runtime.distributed.ranks import RankPlace
+from phloem.runtime.distributed.ranks import RankPlace, rank_device
 
-__all__ = ["rank_device", "run_follower_process"]
+__all__ = ["run_follower_process"]
 
 logger = logging.getLogger("phloem.tp")
-
-
-def rank_device(device: str, gpu: int) -> str:
-    """The device string a rank computes on: ``cuda:<gpu>`` where CUDA is meant, else ``cpu``."""
-    import torch
-
-    if device == "cpu" or (device == "auto" and not torch.cuda.is_available()):
-        return "cpu"
-    return f"cuda:{gpu}"
 
 
 def run_follower_process(args: EngineArgs, place: RankPlace, parent_pid: int) -> None:
