@@ -149,6 +149,11 @@ def check_supported(args: EngineArgs) -> None:
             f"--continuous-decode-budget-ms must be >= 0, got {args.continuous_decode_budget_ms}"
         )
     check_parallel(args)
+    if args.dp_size > 1:  # one engine is one replica; replicas are processes behind the router
+        raise ValueError(
+            f"--dp-size {args.dp_size}: one engine is one replica; run 'phloem serve --dp-size {args.dp_size}' "
+            "for several behind the router"
+        )
     if not args.watchdog_timeout > 0:
         raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {args.watchdog_timeout}")
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
@@ -173,8 +178,8 @@ def check_parallel(args: EngineArgs) -> None:
         raise ValueError(f"--node-rank {args.node_rank}: expected 0 <= node rank < --nnodes {args.nnodes}")
     if args.base_gpu_id < 0:
         raise ValueError(f"--base-gpu-id must be >= 0, got {args.base_gpu_id}")
-    if args.tp_size > 1 or args.dp_size > 1 or args.nnodes > 1:
-        raise ValueError("--tp-size, --dp-size and --nnodes above 1 are not available in this build yet")
+    if args.tp_size > 1 or args.nnodes > 1:
+        raise ValueError("--tp-size and --nnodes above 1 are not available in this build yet")
 
 
 async def _watchdog(tm: TokenizerManager, procs: EngineProcesses) -> None:
