@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+import signal
+import threading
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
@@ -137,6 +139,23 @@ def create_router_app(args: RouterArgs) -> FastAPI:
     return app
 
 
+class _Server(uvicorn.Server):
+    """uvicorn without re-raising the stopping signal on exit: the router exits 0 after a clean
+    drain, and ``phloem serve --dp-size`` still stops its workers after it."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+
 async def serve_router(args: RouterArgs, announce: str = "phloem router at") -> None:
     config = uvicorn.Config(
         create_router_app(args),
@@ -149,7 +168,7 @@ async def serve_router(args: RouterArgs, announce: str = "phloem router at") -> 
         access_log=False,
         timeout_graceful_shutdown=DRAIN_S,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)

@@ -64,8 +64,10 @@ class Workers:
         self.ports = [_free_port() for _ in range(args.dp_size)]
         self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
         preexec = _die_with_parent if sys.platform.startswith("linux") else None
+        # a worker's stdout (its own "serving at" line) goes to stderr with its logs: stdout
+        # announces the one address clients use
         self.procs = [
-            subprocess.Popen(worker_argv(args, port, i), preexec_fn=preexec)  # noqa: PLW1509 (no threads yet)
+            subprocess.Popen(worker_argv(args, port, i), preexec_fn=preexec, stdout=sys.stderr)
             for i, port in enumerate(self.ports)
         ]
 
