@@ -175,3 +175,24 @@ def test_killing_a_worker_mid_run_fails_no_request_and_reports_it(dp):
     retries = next(line for line in metrics.splitlines() if line.startswith("phloem_router_retries_total"))
     assert float(retries.split()[1]) >= 1  # requests in flight on the victim went to the other worker
     assert requests.get(dp.url + "/health", timeout=10).json()["healthy_workers"] == 1
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_workers_do_not_outlive_a_killed_router(dp):
+    """Runs after the crash test: the surviving worker must exit when the router is SIGKILLed."""
+    survivors = [_worker_pid(dp, w["url"]) for w in workers(dp) if w["healthy"]]
+    assert survivors
+    dp.proc.kill()
+    dp.proc.wait(timeout=10)
+    deadline = time.time() + 30
+    while any(_alive(pid) for pid in survivors):
+        assert time.time() < deadline, "a worker outlived its router"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"  # a zombie has exited
+    except FileNotFoundError:
+        return False
