@@ -4,15 +4,18 @@ A request that fails before any byte of the answer arrived (refused or dropped c
 once more, to another worker when there is one: nothing was generated for the client yet. Once an
 answer started, a failure is the client's: a buffered answer becomes a 502 naming the worker, a
 stream ends with an SSE error event naming it (the client has already read part of the stream).
+A client that leaves before its answer closes the router's connection to the worker, so the worker
+stops generating for nobody.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 from fastapi import Request
@@ -25,6 +28,7 @@ from phloem.runtime.server import sse
 from phloem.runtime.server.http_errors import ApiError
 
 logger = logging.getLogger("phloem.router")
+T = TypeVar("T")
 
 WORKER_HEADER = "x-phloem-worker"  # on every routed answer: which worker produced it
 _PASSED_REQUEST_HEADERS = ("content-type", "accept", "authorization")
@@ -71,6 +75,18 @@ class Proxy:
         tokens = estimate_tokens(parsed, texts)
         url_path = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         headers = self._headers(request)
+        gone = asyncio.ensure_future(_disconnect(request))
+        try:
+            return await self._forward(request, route, url_path, body, headers, texts, tokens, gone)
+        except _ClientGone:
+            return Response(status_code=499)  # nobody reads it; the worker saw its connection close
+        finally:
+            gone.cancel()  # a relayed stream's own disconnect watch takes over
+
+    async def _forward(
+        self, request: Request, route: str, url_path: str, body: bytes, headers: dict[str, str],
+        texts: list[str], tokens: int, gone: asyncio.Future,
+    ) -> Response:  # fmt: skip
         tried: list[Worker] = []
         last_failure = ""
         for _ in range(_ATTEMPTS):
@@ -83,9 +99,11 @@ class Proxy:
                     raise self.no_worker(route, f" ({last_failure})" if last_failure else "") from None
             w = choice.worker
             try:
-                resp = await self.session.request(
-                    request.method, w.url + url_path, data=body, headers=headers
-                )
+                sent = self.session.request(request.method, w.url + url_path, data=body, headers=headers)
+                resp = await _unless_gone(sent, gone)
+            except _ClientGone:
+                self.pool.done(w, tokens)
+                raise
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError) as exc:
                 self.pool.done(w, tokens)
                 refused = isinstance(exc, aiohttp.ClientConnectorError)
@@ -96,11 +114,13 @@ class Proxy:
                                route, w.url, _reason(exc))  # fmt: skip
                 tried.append(w)
                 continue
-            return await self._answer(resp, w, tokens, route)
+            return await self._answer(resp, w, tokens, route, gone)
         self.metrics.errors.labels(route).inc()
         raise ApiError(502, f"{last_failure} (tried {len(tried)} workers)")
 
-    async def _answer(self, resp: aiohttp.ClientResponse, w: Worker, tokens: int, route: str) -> Response:
+    async def _answer(
+        self, resp: aiohttp.ClientResponse, w: Worker, tokens: int, route: str, gone: asyncio.Future
+    ) -> Response:
         headers = {k: v for k, v in resp.headers.items() if k.lower() in _PASSED_RESPONSE_HEADERS}
         headers[WORKER_HEADER] = w.url
         if resp.status >= 500:
@@ -110,14 +130,19 @@ class Proxy:
             return StreamingResponse(
                 self._relay(resp, w, tokens, route), status_code=resp.status, headers=headers
             )
+        read = False
         try:
-            data = await resp.read()
+            data = await _unless_gone(resp.read(), gone)
+            read = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self.pool.failed(w, _reason(exc), unreachable=False)
             self.metrics.errors.labels(route).inc()
             raise ApiError(502, f"worker {w.url} failed while answering: {_reason(exc)}") from None
         finally:
-            resp.release()
+            if read:
+                resp.release()  # the connection goes back to the pool
+            else:
+                resp.close()
             self.pool.done(w, tokens)
         return Response(data, status_code=resp.status, headers=headers)
 
@@ -171,6 +196,30 @@ class Proxy:
                 return w, 502, {"error": {"message": f"worker {w.url}: {_reason(exc)}", "code": 502}}
 
         return list(await asyncio.gather(*(one(w) for w in workers)))
+
+
+class _ClientGone(Exception):
+    pass
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client closes its connection (the body was read already: the next ASGI
+    message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _unless_gone(work: Awaitable[T], gone: asyncio.Future) -> T:
+    """``await work``, unless the client leaves first: then ``work`` is cancelled (its connection
+    to the worker closes, so the worker stops generating) and ``_ClientGone`` raised."""
+    task = asyncio.ensure_future(work)
+    await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(BaseException):
+        await task
+    raise _ClientGone
 
 
 def merged_status(results: list[tuple[Worker, int, Mapping[str, Any] | Any]]) -> int:

@@ -25,7 +25,8 @@ class FakeWorker:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.mode = "ok"  # ok | drop (close before answering) | cut (close mid-stream) | sick (/health 503)
+        self.mode = "ok"  # ok | drop (close before answering) | cut (close mid-stream) | sick (/health 503) | slow
+        self.left: list[bool] = []  # slow mode: whether the router had closed the connection by the answer
         self.seen: list[dict[str, Any]] = []
         self.auth: list[str | None] = []
         self.flushed = 0
@@ -64,6 +65,9 @@ class FakeWorker:
         body = await request.json()
         self.seen.append(body)
         self.auth.append(request.headers.get("Authorization"))
+        if self.mode == "slow":
+            await asyncio.sleep(2.0)
+            self.left.append(request.transport is None or request.transport.is_closing())
         if self.mode == "drop":
             assert request.transport is not None
             request.transport.close()
@@ -76,6 +80,7 @@ class FakeWorker:
         for i in range(3):
             await resp.write(b"data: " + json.dumps({"text": f"{self.name}-{i}"}).encode() + b"\n\n")
             if self.mode == "cut" and i == 1:
+                await asyncio.sleep(0.2)  # the router relays what was sent (data behind a cut is lost)
                 assert request.transport is not None
                 request.transport.close()
                 return resp
@@ -206,6 +211,16 @@ def test_a_stream_cut_by_its_worker_ends_with_an_error_event_naming_it(harness: 
     assert err["code"] == 502 and r.headers["x-phloem-worker"] in err["message"]
     assert "mid-stream" in err["message"]
     assert len(events) == 4  # two chunks, the error, [DONE]
+
+
+def test_a_client_that_leaves_releases_its_worker(harness: Harness):
+    for w in harness.workers:
+        w.mode = "slow"
+    with pytest.raises(requests.ReadTimeout):
+        requests.post(harness.url + "/generate", json={"text": "x"}, timeout=0.3)
+    harness.wait(lambda: all(s["in_flight"] == 0 for s in harness.worker_state().values()), timeout=1.5)
+    harness.wait(lambda: any(w.left for w in harness.workers), timeout=5)
+    assert [left for w in harness.workers for left in w.left] == [True]  # the worker's connection closed
 
 
 def test_no_healthy_worker_is_a_503_that_says_so(harness: Harness):
