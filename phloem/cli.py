@@ -1,4 +1,4 @@
-"""``phloem`` command line: serve, generate, bench, train-eagle.
+"""``phloem`` command line: serve, router, generate, bench, train-eagle.
 
 Engine flags are generated from ``EngineArgs`` fields, so ``phloem serve --help`` lists every
 option with the same names the ``Engine(**config)`` keywords use.
@@ -32,6 +32,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     _engine_parser(sub, "serve", "start the HTTP server")
+
+    r = sub.add_parser(
+        "router", help="route requests over several phloem serve workers",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    from phloem.runtime.router.config import RouterArgs
+
+    RouterArgs.add_cli_args(r)
 
     g = _engine_parser(sub, "generate", "generate one completion and print it")
     g.add_argument("--prompt", required=True)
@@ -87,7 +95,18 @@ def cmd_serve(ns: argparse.Namespace) -> int:
         from phloem.runtime.launch import run_follower_node
 
         return run_follower_node(args)
+    if args.dp_size > 1:  # N workers behind the router
+        from phloem.runtime.router.dp import run_data_parallel
+
+        return run_data_parallel(args)
     return int(run_server(args) or 0)
+
+
+def cmd_router(ns: argparse.Namespace) -> int:
+    from phloem.runtime.router.app import run_router
+    from phloem.runtime.router.config import RouterArgs
+
+    return run_router(RouterArgs.from_cli(ns))
 
 
 def cmd_bench(ns: argparse.Namespace) -> int:
@@ -113,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:  # named by the subcommand, whose options the user was writing
             sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
             sub.choices[ns.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    handlers = {"generate": cmd_generate, "serve": cmd_serve, "bench": cmd_bench, "train-eagle": cmd_train_eagle}
+    handlers = {"generate": cmd_generate, "serve": cmd_serve, "router": cmd_router, "bench": cmd_bench, "train-eagle": cmd_train_eagle}
     try:
         return handlers[ns.command](ns)
     except (FileNotFoundError, ValueError) as e:  # bad model path or option: one clear line

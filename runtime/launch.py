@@ -198,6 +198,11 @@ def check_supported(args: EngineArgs) -> None:
             f"--continuous-decode-budget-ms must be >= 0, got {args.continuous_decode_budget_ms}"
         )
     check_parallel(args)
+    if args.dp_size > 1:  # one engine is one replica; replicas are processes behind the router
+        raise ValueError(
+            f"--dp-size {args.dp_size}: one engine is one replica; run 'phloem serve --dp-size {args.dp_size}' "
+            "for several behind the router"
+        )
     if not args.watchdog_timeout > 0:
         raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {args.watchdog_timeout}")
     if args.mem_fraction_static is not None and not 0 < args.mem_fraction_static <= 1:
@@ -222,8 +227,6 @@ def check_parallel(args: EngineArgs) -> None:
         raise ValueError(f"--node-rank {args.node_rank}: expected 0 <= node rank < --nnodes {args.nnodes}")
     if args.base_gpu_id < 0:
         raise ValueError(f"--base-gpu-id must be >= 0, got {args.base_gpu_id}")
-    if args.dp_size > 1:
-        raise ValueError("--dp-size above 1 is not available in this build yet")
     from phloem.runtime.distributed.ranks import init_method, node_ranks
 
     node_ranks(args.tp_size, args.nnodes, args.node_rank)  # raises when --nnodes does not divide
@@ -231,6 +234,11 @@ def check_parallel(args: EngineArgs) -> None:
         raise ValueError("--nnodes above 1 needs --dist-init-addr HOST:PORT (the same on every node)")
     if args.dist_init_addr is not None:
         init_method(args.dist_init_addr)  # raises on a malformed address
+    if args.dp_size > 1 and (args.nnodes > 1 or args.dist_init_addr is not None):
+        raise ValueError(
+            "--dp-size runs its replicas on this machine, each with its own rendezvous: drop --nnodes and "
+            "--dist-init-addr (for replicas on several machines, run phloem router --worker-urls ...)"
+        )
     if args.tp_size > 1:
         for name, on in (
             ("--speculative-algorithm", args.speculative_algorithm is not None),

@@ -99,6 +99,7 @@ def test_table_width_covers_the_longest_row_and_later_steps() -> None:
         ({"tp_size": 2, "speculative_algorithm": "NGRAM"}, "--speculative-algorithm is not available"),
         ({"tp_size": 2, "enable_hierarchical_cache": True}, "--enable-hierarchical-cache is not available"),
         ({"tp_size": 2, "dist_init_addr": "nohost"}, "expected HOST:PORT"),
+        ({"dp_size": 2, "tp_size": 2, "nnodes": 2, "dist_init_addr": "h:1"}, "--dp-size runs its replicas"),
     ],
 )
 def test_parallel_flags_are_checked(changes: dict, message: str) -> None:
