@@ -2,7 +2,8 @@
 
 Dequantizing the default model takes a few seconds, so the float32 result is cached under
 :func:`phloem.runtime.model_files.gguf_cache_dir` (keyed by path, size and mtime) together with
-the derived :class:`ModelConfig`; later loads memory-map the cache.
+the derived :class:`ModelConfig`; later loads memory-map the cache. A tensor-parallel rank
+(:func:`load_gguf_slices`) reads only its rows or columns of each cached tensor.
 
 llama.cpp stores Llama's Q and K projections with the rows of each head permuted for its
 interleaved RoPE; :func:`unpermute_rope_rows` restores the Hugging Face (rotate-half) order.
@@ -11,6 +12,7 @@ interleaved RoPE; :func:`unpermute_rope_rows` restores the Hugging Face (rotate-
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -18,10 +20,18 @@ from collections.abc import Iterator
 
 import numpy as np
 import torch
+from phloem.runtime.distributed.slices import LazySlice
 from phloem.runtime.model_files import GGUFFile, GGUFTensorInfo, gguf_cache_dir, read_gguf
 from phloem.runtime.models.config import ModelConfig
 
-__all__ = ["gguf_model_config", "load_gguf_q4_blocks", "load_gguf_weights", "unpermute_rope_rows"]
+__all__ = [
+    "gguf_config",
+    "gguf_model_config",
+    "load_gguf_q4_blocks",
+    "load_gguf_slices",
+    "load_gguf_weights",
+    "unpermute_rope_rows",
+]
 
 _WEIGHTS_FILE, _CONFIG_FILE = "weights.safetensors", "model_config.json"
 
@@ -104,6 +114,42 @@ def load_gguf_weights(path: str, *, use_cache: bool = True) -> tuple[ModelConfig
     if use_cache:
         _write_cache(folder, cfg, tensors)
     return cfg, tensors
+
+
+def gguf_config(path: str) -> ModelConfig:
+    """The :class:`ModelConfig` of a GGUF model, from the cache or the file's metadata (no tensor
+    is read)."""
+    config_path = os.path.join(gguf_cache_dir(path), _CONFIG_FILE)
+    if os.path.exists(config_path):
+        with open(config_path) as f:
+            return ModelConfig(**json.load(f))
+    return gguf_model_config(read_gguf(path))
+
+
+def load_gguf_slices(path: str) -> dict[str, LazySlice]:
+    """Lazy slices (HF names) of a GGUF model's dequantized cache, for a tensor-parallel rank:
+    indexing one reads only the rows or columns asked for, so a rank never reads the whole model.
+
+    Ranks start together and may all find the cache missing. The first to take the cache
+    folder's lock dequantizes and writes it (holding the whole model this once, as one rank
+    does); the others wait on the lock and then find it written, instead of each dequantizing
+    the model. The lock is a ``flock``: if the writer dies, the OS releases it, the next rank
+    sees no cache and writes it, so nobody waits forever; and the write itself is atomic, so no
+    rank ever reads half a cache.
+    """
+    from safetensors import safe_open
+
+    folder = gguf_cache_dir(path)
+    weights_path, config_path = os.path.join(folder, _WEIGHTS_FILE), os.path.join(folder, _CONFIG_FILE)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, ".write.lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not (os.path.exists(weights_path) and os.path.exists(config_path)):
+            g = read_gguf(path)
+            cfg = gguf_model_config(g)
+            _write_cache(folder, cfg, dict(_dequantize_all(g, cfg)))
+    with safe_open(weights_path, framework="pt") as f:  # a slice keeps the file mapped after close
+        return {name: f.get_slice(name) for name in f.keys()}
 
 
 def _dequantize_all(g: GGUFFile, cfg: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:

@@ -26,6 +26,11 @@ prefill sizes is slower than decoding the whole weight once and calling MKL. Abo
 :func:`set_batch_invariant` keeps every call on the kernel so that results do not depend on the
 row count.
 
+Under tensor parallelism a rank quantizes its own slice. Blocks run along the input axis, so a
+column-parallel slice (whole rows) has exactly the blocks of the full tensor; a row-parallel slice
+does when its input columns start and end on block boundaries, which :func:`quantize_model`
+checks (a one-line ``ValueError`` otherwise). GGUF Q4_1 blocks are cut the same way.
+
 ``torch.ops.aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` exist in this torch
 build but run slower than float32 ``F.linear`` on AVX2 without AVX-512, so they are not used.
 """
@@ -197,25 +202,53 @@ def quantize_model(
     :class:`Q8Weight`. ``q4_blocks`` maps checkpoint names (``...q_proj.weight``) to GGUF Q4_1
     blocks ``(qs, d, m)``, used as they are instead of requantizing; fused projections
     concatenate their parts' blocks. The token embedding stays float (it is only gathered).
+    Under tensor parallelism each layer holds its slice and ``q4_blocks`` are full tensors, cut
+    here to the same slice.
+
+    Raises
+    ------
+    ValueError
+        When a row-parallel slice does not start and end on a block boundary.
     """
     from phloem.runtime.layers.embedding import LMHead
-    from phloem.runtime.layers.linear import Linear, MergedLinear
+    from phloem.runtime.layers.linear import ColumnParallelLinear, Linear, MergedLinear, RowParallelLinear
 
     if scheme not in ("int4", "int8"):
         raise ValueError(f"unknown quantization {scheme!r}; expected one of {QUANTIZATION_SCHEMES}")
     blocks = q4_blocks or {}
     for name, module in model.named_modules():
         if isinstance(module, Linear):
+            if (
+                isinstance(module, RowParallelLinear)
+                and module.tp.size > 1
+                and (module.cols[0] | module.cols[1]) % BLOCK
+            ):
+                raise ValueError(
+                    f"--quantization {scheme} with --tp-size {module.tp.size}: {name}'s {module.full_in} "
+                    f"input features do not split into whole {BLOCK}-wide blocks per rank"
+                )
             if scheme == "int8":
                 qw: QuantWeight = Q8Weight.from_float(module.weight.data)
             elif isinstance(module, MergedLinear):
                 prefix = name.rsplit(".", 1)[0]
-                parts = [blocks.get(f"{prefix}.{part}_proj.weight") for part in module.offsets]
+                parts = [
+                    _rows(blocks.get(f"{prefix}.{part}_proj.weight"), module.part_rows[part])
+                    for part in module.offsets
+                ]
                 qw = _q4_from(parts, module.weight.data, list(module.offsets.values()))
             else:
-                qw = _q4_from(
-                    [blocks.get(f"{name}.weight")], module.weight.data, [(0, module.weight.shape[0])]
-                )
+                blk = blocks.get(f"{name}.weight")
+                if isinstance(module, ColumnParallelLinear):
+                    blk = _rows(blk, module.rows)
+                elif isinstance(module, RowParallelLinear) and blk is not None:
+                    lo, hi = module.cols
+                    qs, d, m = blk  # qs holds two weights a byte, d and m one value a block
+                    blk = (
+                        qs[:, lo // 2 : hi // 2],
+                        d[:, lo // BLOCK : hi // BLOCK],
+                        m[:, lo // BLOCK : hi // BLOCK],
+                    )
+                qw = _q4_from([blk], module.weight.data, [(0, module.weight.shape[0])])
             module.set_quantized(qw)
         elif isinstance(module, LMHead):
             module.set_quantized(Q8Weight.from_float(module.full_weight.data))
@@ -226,6 +259,11 @@ def set_batch_invariant(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, _QuantWeight):
             module.dense_min_rows = 0
+
+
+def _rows(blk: tuple[torch.Tensor, ...] | None, rows: tuple[int, int]) -> tuple[torch.Tensor, ...] | None:
+    """Rows ``[lo, hi)`` of each of a Q4_1 weight's block tensors (a column-parallel slice)."""
+    return None if blk is None else tuple(t[rows[0] : rows[1]] for t in blk)
 
 
 def _q4_from(
