@@ -203,3 +203,42 @@ def test_in_place_updates_are_refused_under_tensor_parallelism(monkeypatch) -> N
         m.setattr(state, "_TP", TPGroup(rank=0, size=2))
         with pytest.raises(KeyError, match="not supported with --tp-size 2"):
             model.checkpoint_target("model.norm.weight")
+
+
+def test_concurrent_ranks_dequantize_a_gguf_once(tmp_path, monkeypatch) -> None:
+    """Ranks that find no cache: one dequantizes and writes it while the others wait on its lock,
+    then every rank reads lazy slices of the same tensors one rank loads whole."""
+    import threading
+
+    from phloem.runtime.executor import weights_gguf
+    from phloem.runtime.model_files import resolve_model
+
+    path = resolve_model(None).path
+    _, whole = weights_gguf.load_gguf_weights(path)  # the usual cache
+    monkeypatch.setenv("PHLOEM_CACHE_DIR", str(tmp_path))  # none here yet
+    runs, real = [], weights_gguf._dequantize_all
+
+    def counted(*args):
+        runs.append(1)
+        yield from real(*args)
+
+    monkeypatch.setattr(weights_gguf, "_dequantize_all", counted)
+    got: list[dict] = []
+    threads = [
+        threading.Thread(target=lambda: got.append(weights_gguf.load_gguf_slices(path))) for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert len(runs) == 1 and len(got) == 3
+    name = "model.layers.3.self_attn.k_proj.weight"
+    for slices in got:
+        assert slices.keys() == whole.keys()
+        assert tuple(slices[name].get_shape()) == tuple(whole[name].shape)
+        assert torch.equal(slices[name][64:128], whole[name][64:128])
+        assert torch.equal(
+            slices["model.layers.0.mlp.down_proj.weight"][:, 512:],
+            whole["model.layers.0.mlp.down_proj.weight"][:, 512:],
+        )
+    assert weights_gguf.gguf_config(path) == weights_gguf.load_gguf_weights(path)[0]
