@@ -16,6 +16,11 @@ Two load-time switches change the kernels, never the loop:
   are then bit-identical whatever batch it runs in and whether its prefix came from the cache.
 - ``quantization``: ``int4`` / ``int8`` weight-only CPU layers (:mod:`phloem.runtime.layers.quant`).
 
+Under tensor parallelism (built in a process where ``distributed.state.init_tp`` ran) the runner
+holds this rank's share: the model's layers split themselves (``models/llama.py``), the checkpoint
+is read as lazy slices, and :attr:`ModelRunner.heads` (``models/sharding.py``) gives the query and
+KV head counts that size the KV pool and the attention backend; ``weight_bytes`` is per rank.
+
 ``kv_cache_dtype="fp8_e4m3"`` stores the KV pool as scaled fp8 (one byte per element, so about
 twice the tokens fit in the same memory); the attention backends dequantize on read. How its
 accuracy is measured: ``docs/benchmarks.md`` ("fp8 KV cache").
