@@ -9,9 +9,11 @@ from phloem.runtime.distributed import state
 from phloem.runtime.distributed.slices import vocab_range
 from phloem.runtime.distributed.state import TPGroup
 from phloem.runtime.executor.dummy import init_dummy_weights
+from phloem.runtime.executor.model_runner import ModelRunner
 from phloem.runtime.executor.weights_hf import iter_hf_slices
 from phloem.runtime.layers.quant import Q4Weight, quantize_model
-from phloem.runtime.models.config import ModelConfig
+from phloem.runtime.model_files import ModelSource
+from phloem.runtime.models.config import DUMMY_SHAPES, ModelConfig
 from phloem.runtime.models.llama import LlamaForCausalLM
 from phloem.runtime.models.sharding import HeadShard, head_shard, per_rank_heads
 
@@ -22,6 +24,8 @@ from tests.unit.tp_checkpoints import (
     full_checkpoint,
     write_hf_folder,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # see tests/conftest.py
 
 
 def test_heads_split_evenly_when_the_size_divides_the_kv_heads() -> None:
@@ -242,3 +246,25 @@ def test_concurrent_ranks_dequantize_a_gguf_once(tmp_path, monkeypatch) -> None:
             whole["model.layers.0.mlp.down_proj.weight"][:, 512:],
         )
     assert weights_gguf.gguf_config(path) == weights_gguf.load_gguf_weights(path)[0]
+
+
+def test_runner_sizes_its_pool_and_attention_by_the_ranks_heads(monkeypatch) -> None:
+    monkeypatch.setitem(DUMMY_SHAPES, "tp-test-kv-replicated", KV_REPLICATED)
+
+    def runner(rank: int, size: int) -> ModelRunner:
+        with monkeypatch.context() as m:
+            m.setattr(state, "_TP", TPGroup(rank=rank, size=size))
+            return ModelRunner(ModelSource("dummy", "tp-test-kv-replicated"), dtype="float32", device="cpu",
+                               max_total_tokens=256, cpu_threads=1)  # fmt: skip
+
+    one, ranks = runner(0, 1), [runner(r, 4) for r in range(4)]
+    for rank, r in enumerate(ranks):
+        assert r.heads == head_shard(8, 2, rank, 4)
+        assert (r.kv_pool.num_kv_heads, r.attn_backend.num_heads) == (1, 2)
+        assert r.kv_pool.bytes_per_token * 2 == one.kv_pool.bytes_per_token
+    # split weights add up to one rank's, plus: the norms sit on every rank, each KV head's k/v rows
+    # on two, and the vocabulary pads 250 -> 252 rows
+    norms = sum(p.numel() * 4 for name, p in one.model.named_parameters() if "norm" in name)
+    kv_rows = KV_REPLICATED.num_layers * 2 * (2 * 16) * 64 * 4
+    assert sum(r.weight_bytes for r in ranks) == one.weight_bytes + 3 * norms + kv_rows + 2 * 64 * 4
+    assert all(r.decode_weight_bytes == r.weight_bytes for r in ranks)  # the tied head reads every row
