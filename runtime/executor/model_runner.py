@@ -235,7 +235,8 @@ class ModelRunner:
         if self.quantization == "int4" and source.kind == "gguf":
             from phloem.runtime.executor.weights_gguf import load_gguf_q4_blocks
 
-            blocks = load_gguf_q4_blocks(source.path, self.model_config)
+            # a tensor-parallel rank reads only its blocks from the file
+            blocks = load_gguf_q4_blocks(source.path, self.model_config, lazy=get_tp().size > 1)
         quantize_model(model, self.quantization, q4_blocks=blocks)
 
     def _pool_tokens(self, max_total_tokens: int | None, mem_fraction: float | None) -> int:

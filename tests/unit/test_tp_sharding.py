@@ -268,3 +268,29 @@ def test_runner_sizes_its_pool_and_attention_by_the_ranks_heads(monkeypatch) -> 
     kv_rows = KV_REPLICATED.num_layers * 2 * (2 * 16) * 64 * 4
     assert sum(r.weight_bytes for r in ranks) == one.weight_bytes + 3 * norms + kv_rows + 2 * 64 * 4
     assert all(r.decode_weight_bytes == r.weight_bytes for r in ranks)  # the tied head reads every row
+
+
+def test_a_rank_reads_only_its_q4_blocks_from_the_gguf(monkeypatch) -> None:
+    """The default model's Q4_1 blocks read lazily for rank r of 3 (Q/K rows of whole heads, the
+    o/down columns of whole blocks) equal the whole tensors' blocks cut to the rank's slice."""
+    from phloem.runtime.executor.weights_gguf import gguf_config, load_gguf_q4_blocks, load_gguf_slices
+    from phloem.runtime.model_files import resolve_model
+
+    path = resolve_model(None).path
+    cfg = gguf_config(path)
+    whole, lazy = load_gguf_q4_blocks(path, cfg), load_gguf_q4_blocks(path, cfg, lazy=True)
+    assert whole.keys() == lazy.keys()
+    for rank in (0, 2):
+        models = []
+        for blocks in (whole, lazy):
+            model = build(cfg.replace(num_layers=2), rank, 3, monkeypatch)
+            weights = {
+                k: v
+                for k, v in load_gguf_slices(path).items()
+                if ".layers." not in k or ".layers.0." in k or ".layers.1." in k
+            }
+            model.load_weights(weights.items())
+            quantize_model(model, "int4", q4_blocks=blocks)
+            models.append(model)
+        for (name, a), b in zip(models[0].named_buffers(), models[1].buffers()):
+            assert torch.equal(a, b), (rank, name)
