@@ -294,3 +294,26 @@ def test_a_rank_reads_only_its_q4_blocks_from_the_gguf(monkeypatch) -> None:
             models.append(model)
         for (name, a), b in zip(models[0].named_buffers(), models[1].buffers()):
             assert torch.equal(a, b), (rank, name)
+
+
+def test_column_then_row_parallel_slices_sum_to_the_full_product(monkeypatch) -> None:
+    """Rank r's column slice of ``W1`` then row slice of ``W2``: the ranks' partial products add up to
+    ``x @ W1.T @ W2.T`` (the sum the all-reduce takes), plus the bias once."""
+    from phloem.runtime.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+    gen = torch.Generator().manual_seed(0)
+    w1, w2, bias, x = (torch.randn(s, generator=gen) for s in ((12, 8), (5, 12), (5,), (3, 8)))
+    partial = []
+    for rank in range(3):
+        with monkeypatch.context() as m:
+            m.setattr(state, "_TP", TPGroup(rank=rank, size=3))
+            col, row = ColumnParallelLinear(8, 12), RowParallelLinear(12, 5, bias=True)
+        assert (col.rows, row.cols, col.full_shape("weight"), row.full_shape("weight")) == (
+            (4 * rank, 4 * rank + 4), (4 * rank, 4 * rank + 4), (12, 8), (5, 12)
+        )  # fmt: skip
+        with torch.no_grad():
+            col.weight.copy_(col.shard_of("weight", w1))
+            row.weight.copy_(row.shard_of("weight", w2))
+            row.bias.copy_(row.shard_of("bias", bias))
+            partial.append(row._project(col(x), None))
+    torch.testing.assert_close(sum(partial) + bias, x @ w1.T @ w2.T + bias)
