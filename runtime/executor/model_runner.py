@@ -16,6 +16,11 @@ Two load-time switches change the kernels, never the loop:
   are then bit-identical whatever batch it runs in and whether its prefix came from the cache.
 - ``quantization``: ``int4`` / ``int8`` weight-only CPU layers (:mod:`phloem.runtime.layers.quant`).
 
+Under tensor parallelism (built in a process where ``distributed.state.init_tp`` ran) the runner
+holds this rank's share: the model's layers split themselves (``models/llama.py``), the checkpoint
+is read as lazy slices, and :attr:`ModelRunner.heads` (``models/sharding.py``) gives the query and
+KV head counts that size the KV pool and the attention backend; ``weight_bytes`` is per rank.
+
 ``kv_cache_dtype="fp8_e4m3"`` stores the KV pool as scaled fp8 (one byte per element, so about
 twice the tokens fit in the same memory); the attention backends dequantize on read. How its
 accuracy is measured: ``docs/benchmarks.md`` ("fp8 KV cache").
@@ -27,7 +32,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +40,8 @@ import torch
 from phloem.runtime.attention.registry import get_attention_backend_class, resolve_attention_backend
 from phloem.runtime.cache.host_pool import KVLoad, LayerReadiness, LayerwiseLoader
 from phloem.runtime.cache.kv_pool import KVPool, ReqToTokenPool
-from phloem.runtime.distributed.state import get_tp
+from phloem.runtime.distributed.slices import TensorLike
+from phloem.runtime.distributed.state import TPGroup, get_tp
 from phloem.runtime.forward_io import (
     ForwardInput,
     ForwardMode,
@@ -49,6 +55,7 @@ from phloem.runtime.layers.blas import apply_gemm_library
 from phloem.runtime.model_files import ModelSource
 from phloem.runtime.models.config import ModelConfig
 from phloem.runtime.models.registry import get_model_class
+from phloem.runtime.models.sharding import per_rank_heads
 from torch import nn
 
 __all__ = ["DirectBatcher", "ModelRunner", "greedy_sampling_info"]
@@ -153,7 +160,10 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads or os.cpu_count() or 1)
         self.model_source = model_source  # what the weights now in the model came from
-        config, weights = _load_checkpoint(model_source)
+        # under tensor parallelism this rank's heads (``models/sharding.py``) size the KV pool and
+        # the attention backend, and the checkpoint is read slice by slice
+        config, weights = _load_checkpoint(model_source, self.tp)
+        self.heads = per_rank_heads(config, self.tp)
         self.context_len = int(context_len or config.context_len)
         self.model_config = config.replace(context_len=max(self.context_len, config.context_len))
         self.gemm_library = apply_gemm_library(gemm_library, config.hidden_size, self.device)
@@ -174,7 +184,7 @@ class ModelRunner:
         else:
             backend_name = resolve_attention_backend(attention_backend, self.device)
             backend_cls = get_attention_backend_class(backend_name)
-        self.attn_backend = backend_cls(self.kv_pool, self.req_to_token_pool, num_heads=config.num_heads)
+        self.attn_backend = backend_cls(self.kv_pool, self.req_to_token_pool, num_heads=self.heads.num_heads)
         self.attention_backend_name = backend_name
         self._sampler = sampler
         self.cuda_graphs = None
@@ -200,7 +210,7 @@ class ModelRunner:
 
     # ---- construction -------------------------------------------------------------------------
     def _build_model(
-        self, weights: dict[str, torch.Tensor] | None, seed: int, source: ModelSource
+        self, weights: Mapping[str, TensorLike] | None, seed: int, source: ModelSource
     ) -> nn.Module:
         model = _build_model_on(self.model_config, self.device)
         if weights is None:
@@ -226,14 +236,16 @@ class ModelRunner:
         if self.quantization == "int4" and source.kind == "gguf":
             from phloem.runtime.executor.weights_gguf import load_gguf_q4_blocks
 
-            blocks = load_gguf_q4_blocks(source.path, self.model_config)
+            # a tensor-parallel rank reads only its blocks from the file
+            blocks = load_gguf_q4_blocks(source.path, self.model_config, lazy=self.tp.size > 1)
         quantize_model(model, self.quantization, q4_blocks=blocks)
 
     def _pool_tokens(self, max_total_tokens: int | None, mem_fraction: float | None) -> int:
         if max_total_tokens is not None:
             return int(max_total_tokens)
         cfg = self.model_config
-        per_token = KVPool.bytes_per_token_for(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, self.kv_dtype)
+        kv_heads = self.heads.num_kv_heads
+        per_token = KVPool.bytes_per_token_for(cfg.num_layers, kv_heads, cfg.head_dim, self.kv_dtype)
         fraction = mem_fraction if mem_fraction is not None else _DEFAULT_MEM_FRACTION[self.device.type]
         budget = kv_budget_bytes(_device_memory(self.device), _free_memory(self.device), fraction, self.weight_bytes)
         tokens = int(budget // per_token)
@@ -254,7 +266,7 @@ class ModelRunner:
         return KVPool(
             cfg.num_layers,
             self.max_total_num_tokens + 1,
-            cfg.num_kv_heads,
+            self.heads.num_kv_heads,
             cfg.head_dim,
             self.kv_dtype,
             self.device,
@@ -709,8 +721,16 @@ def _resolve_kv_dtype(kv_cache_dtype: str, dtype: torch.dtype) -> torch.dtype:
     return _KV_DTYPES[kv_cache_dtype]
 
 
-def _load_checkpoint(source: ModelSource) -> tuple[ModelConfig, dict[str, torch.Tensor] | None]:
-    """Config and weights (HF names); weights are ``None`` for dummy models."""
+def _load_checkpoint(
+    source: ModelSource, tp: TPGroup | None = None
+) -> tuple[ModelConfig, dict[str, TensorLike] | None]:
+    """Config and weights (HF names); weights are ``None`` for dummy models.
+
+    With a ``tp`` of several ranks the weights are lazy slices (the model reads this rank's share
+    of each), and the heads are checked against ``tp`` before any of them is read.
+    """
+    if tp is not None and tp.size > 1:
+        return _load_sliced(source, tp)
     if source.kind == "gguf":
         from phloem.runtime.executor.weights_gguf import load_gguf_weights
 
@@ -719,6 +739,22 @@ def _load_checkpoint(source: ModelSource) -> tuple[ModelConfig, dict[str, torch.
         from phloem.runtime.executor.weights_hf import hf_model_config, iter_hf_weights
 
         return hf_model_config(source.path), dict(iter_hf_weights(source.path))
+    return ModelConfig.dummy(source.path), None
+
+
+def _load_sliced(source: ModelSource, tp: TPGroup) -> tuple[ModelConfig, dict[str, TensorLike] | None]:
+    if source.kind == "gguf":
+        from phloem.runtime.executor.weights_gguf import gguf_config, load_gguf_slices
+
+        config = gguf_config(source.path)
+        per_rank_heads(config, tp)
+        return config, dict(load_gguf_slices(source.path))
+    if source.kind == "safetensors":
+        from phloem.runtime.executor.weights_hf import hf_model_config, iter_hf_slices
+
+        config = hf_model_config(source.path)
+        per_rank_heads(config, tp)
+        return config, dict(iter_hf_slices(source.path))
     return ModelConfig.dummy(source.path), None
 
 

@@ -1,4 +1,13 @@
-"""Token embedding and the LM head (which may share the embedding's weight)."""
+"""Token embedding and the LM head (which may share the embedding's weight).
+
+Under tensor parallelism both split the vocabulary (``distributed.slices.vocab_range``): the
+vocabulary is padded up to a multiple of the rank count and each rank holds an equal range of
+rows (padding rows are zero). The embedding looks up the ids in its range, zeroes the rows of the
+others and all-reduces, so every rank gets every row; the LM head computes its range's logits and
+all-gathers them along the vocabulary, then drops the padding, so every rank holds the same float32
+``[N, V]``. A tied head uses the embedding's rows, which are the same range. With one rank the
+range is the whole vocabulary and ``forward`` is unchanged.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +15,8 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.distributed.slices import TensorLike, vocab_range
+from phloem.runtime.distributed.state import TPGroup, get_tp
 from phloem.runtime.layers.cpu_matmul import use_weight_major, weight_major_linear
 from phloem.runtime.layers.fusion import use_skinny
 from phloem.runtime.layers.linear import linear_rows
@@ -17,15 +28,52 @@ if TYPE_CHECKING:
 __all__ = ["LMHead", "VocabEmbedding", "float_out_linear"]
 
 
+class _VocabRows:
+    """The vocabulary rows this rank holds (:func:`vocab_range`) and how to cut them from a full
+    ``[vocab, hidden]`` checkpoint tensor."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TPGroup) -> None:
+        self.vocab_size, self.hidden_size = vocab_size, hidden_size
+        self.vocab_start, self.vocab_end = vocab_range(vocab_size, tp.rank, tp.size)
+
+    def full_shape(self) -> tuple[int, ...]:
+        return (self.vocab_size, self.hidden_size)
+
+    def shard_of(self, full: TensorLike) -> torch.Tensor:
+        """This rank's rows of ``full``, zero rows past the vocabulary."""
+        lo, hi = self.vocab_start, self.vocab_end
+        rows = full[lo : min(hi, self.vocab_size)] if lo < self.vocab_size else None
+        if rows is not None and rows.shape[0] == hi - lo:
+            return rows
+        pad = torch.zeros(hi - lo - (0 if rows is None else rows.shape[0]), self.hidden_size)
+        return pad if rows is None else torch.cat((rows, pad.to(rows.dtype)))
+
+
 class VocabEmbedding(nn.Module):
-    """``weight[ids]`` with ``weight`` of shape ``[vocab, hidden]``."""
+    """``weight[ids]`` with ``weight`` of shape ``[vocab, hidden]`` (this rank's vocabulary rows)."""
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size))
+        self.tp = get_tp()
+        self.rows = _VocabRows(vocab_size, hidden_size, self.tp)
+        self.weight = nn.Parameter(torch.empty(self.rows.vocab_end - self.rows.vocab_start, hidden_size))
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.weight)
+        if self.tp.size == 1:
+            return F.embedding(ids, self.weight)
+        local = ids - self.rows.vocab_start
+        outside = (local < 0) | (local >= self.weight.shape[0])
+        out = F.embedding(local.masked_fill(outside, 0), self.weight)
+        out.masked_fill_(outside.unsqueeze(-1), 0.0)
+        return self.tp.all_reduce(out)
+
+    def full_shape(self, leaf: str) -> tuple[int, ...]:
+        """Shape of the full (one-rank) weight."""
+        return self.rows.full_shape()
+
+    def shard_of(self, leaf: str, full: TensorLike) -> torch.Tensor:
+        """This rank's vocabulary rows of the full weight."""
+        return self.rows.shard_of(full)
 
 
 class LMHead(nn.Module):
@@ -37,14 +85,18 @@ class LMHead(nn.Module):
 
     def __init__(self, vocab_size: int, hidden_size: int, *, tied_to: VocabEmbedding | None = None) -> None:
         super().__init__()
+        self.tp = get_tp()
+        self.rows = _VocabRows(vocab_size, hidden_size, self.tp)
         self.tied_to = tied_to
-        self.weight = None if tied_to is not None else nn.Parameter(torch.empty(vocab_size, hidden_size))
+        local = self.rows.vocab_end - self.rows.vocab_start
+        self.weight = None if tied_to is not None else nn.Parameter(torch.empty(local, hidden_size))
         self.row_tile = 0
         self.quant: Q8Weight | None = None
 
     @property
     def full_weight(self) -> torch.Tensor:
-        """The float ``[V, H]`` weight (the embedding's when tied)."""
+        """The float ``[V, H]`` weight (the embedding's when tied; this rank's rows under tensor
+        parallelism)."""
         weight = self.tied_to.weight if self.tied_to is not None else self.weight
         assert weight is not None, "the LM head weight was quantized"
         return weight
@@ -54,7 +106,23 @@ class LMHead(nn.Module):
         if self.tied_to is None:
             self.register_parameter("weight", None)
 
+    def full_shape(self, leaf: str) -> tuple[int, ...]:
+        """Shape of the full (one-rank) weight."""
+        return self.rows.full_shape()
+
+    def shard_of(self, leaf: str, full: TensorLike) -> torch.Tensor:
+        """This rank's vocabulary rows of the full weight."""
+        return self.rows.shard_of(full)
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return self._logits(hidden)
+        logits = self.tp.all_gather(self._logits(hidden), dim=-1)  # [N, padded V], rank order
+        vocab = self.rows.vocab_size
+        return logits if logits.shape[-1] == vocab else logits[..., :vocab].contiguous()
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Float32 logits of this rank's vocabulary rows."""
         if self.quant is not None:
             return self.quant.matmul(hidden)
         if self.row_tile:

@@ -26,6 +26,12 @@ prefill sizes is slower than decoding the whole weight once and calling MKL. Abo
 :func:`set_batch_invariant` keeps every call on the kernel so that results do not depend on the
 row count.
 
+Under tensor parallelism a rank quantizes its own slice. Blocks run along the input axis, so a
+column-parallel slice (whole rows) has exactly the blocks of the full tensor; a row-parallel slice
+does when its input columns start and end on block boundaries, which :func:`quantize_model`
+checks (a one-line ``ValueError`` otherwise). GGUF Q4_1 blocks are cut the same way, from the
+file when they come as a :class:`Q4Source` (a rank then reads only its blocks).
+
 ``torch.ops.aten._weight_int4pack_mm_for_cpu`` / ``_weight_int8pack_mm`` exist in this torch
 build but run slower than float32 ``F.linear`` on AVX2 without AVX-512, so they are not used.
 """
@@ -35,7 +41,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -45,6 +52,7 @@ from torch import nn
 __all__ = [
     "QUANTIZATION_SCHEMES",
     "Q4Weight",
+    "Q4Source",
     "Q8Weight",
     "kernels_available",
     "quantize_model",
@@ -186,36 +194,71 @@ class Q8Weight(_QuantWeight):
 
 
 QuantWeight = Q4Weight | Q8Weight
+Blocks = tuple[torch.Tensor, ...]  # Q4_1 ``(qs, d, m)`` of a whole tensor
 
 
-def quantize_model(
-    model: nn.Module, scheme: str, *, q4_blocks: dict[str, tuple[torch.Tensor, ...]] | None = None
-) -> None:
+class Q4Source(Protocol):
+    """A Q4_1 tensor read on demand (``weights_gguf.Q4Blocks``): ``(qs, d, m)`` of some rows, or
+    of some input columns (multiples of 32) of every row."""
+
+    def rows(self, lo: int, hi: int) -> Blocks: ...
+
+    def cols(self, lo: int, hi: int) -> Blocks: ...
+
+
+Q4Input = Blocks | Q4Source
+
+
+def quantize_model(model: nn.Module, scheme: str, *, q4_blocks: Mapping[str, Q4Input] | None = None) -> None:
     """Replace every :class:`Linear` weight and the LM head by a quantized one (in place).
 
     ``int4``: linear layers :class:`Q4Weight`, the LM head :class:`Q8Weight`. ``int8``: all
     :class:`Q8Weight`. ``q4_blocks`` maps checkpoint names (``...q_proj.weight``) to GGUF Q4_1
     blocks ``(qs, d, m)``, used as they are instead of requantizing; fused projections
     concatenate their parts' blocks. The token embedding stays float (it is only gathered).
+    Under tensor parallelism each layer holds its slice and ``q4_blocks`` are full tensors, cut
+    here to the same slice.
+
+    Raises
+    ------
+    ValueError
+        When a row-parallel slice does not start and end on a block boundary.
     """
     from phloem.runtime.layers.embedding import LMHead
-    from phloem.runtime.layers.linear import Linear, MergedLinear
+    from phloem.runtime.layers.linear import ColumnParallelLinear, Linear, MergedLinear, RowParallelLinear
 
     if scheme not in ("int4", "int8"):
         raise ValueError(f"unknown quantization {scheme!r}; expected one of {QUANTIZATION_SCHEMES}")
-    blocks = q4_blocks or {}
+    blocks: Mapping[str, Q4Input] = q4_blocks or {}
     for name, module in model.named_modules():
         if isinstance(module, Linear):
+            if (
+                isinstance(module, RowParallelLinear)
+                and module.tp.size > 1
+                and (module.cols[0] | module.cols[1]) % BLOCK
+            ):
+                raise ValueError(
+                    f"--quantization {scheme} with --tp-size {module.tp.size}: {name}'s {module.full_in} "
+                    f"input features do not split into whole {BLOCK}-wide blocks per rank"
+                )
             if scheme == "int8":
                 qw: QuantWeight = Q8Weight.from_float(module.weight.data)
             elif isinstance(module, MergedLinear):
                 prefix = name.rsplit(".", 1)[0]
-                parts = [blocks.get(f"{prefix}.{part}_proj.weight") for part in module.offsets]
+                parts = [
+                    _rows(blocks.get(f"{prefix}.{part}_proj.weight"), module.part_rows[part])
+                    for part in module.offsets
+                ]
                 qw = _q4_from(parts, module.weight.data, list(module.offsets.values()))
             else:
-                qw = _q4_from(
-                    [blocks.get(f"{name}.weight")], module.weight.data, [(0, module.weight.shape[0])]
-                )
+                source = blocks.get(f"{name}.weight")
+                if isinstance(module, ColumnParallelLinear):
+                    blk = _rows(source, module.rows)
+                elif isinstance(module, RowParallelLinear):
+                    blk = _cols(source, module.cols)
+                else:
+                    blk = _rows(source, (0, module.out_features))
+                qw = _q4_from([blk], module.weight.data, [(0, module.weight.shape[0])])
             module.set_quantized(qw)
         elif isinstance(module, LMHead):
             module.set_quantized(Q8Weight.from_float(module.full_weight.data))
@@ -228,9 +271,25 @@ def set_batch_invariant(model: nn.Module) -> None:
             module.dense_min_rows = 0
 
 
-def _q4_from(
-    parts: list[tuple[torch.Tensor, ...] | None], weight: torch.Tensor, ranges: list[tuple[int, int]]
-) -> Q4Weight:
+def _rows(blk: Q4Input | None, rows: tuple[int, int]) -> Blocks | None:
+    """``(qs, d, m)`` of rows ``[lo, hi)`` of a Q4_1 weight (a column-parallel slice)."""
+    lo, hi = rows
+    if blk is None or not isinstance(blk, tuple):
+        return None if blk is None else blk.rows(lo, hi)
+    return tuple(t[lo:hi] for t in blk)
+
+
+def _cols(blk: Q4Input | None, cols: tuple[int, int]) -> Blocks | None:
+    """``(qs, d, m)`` of input columns ``[lo, hi)`` (whole blocks) of a Q4_1 weight (a row-parallel
+    slice): ``qs`` holds two weights a byte, ``d`` and ``m`` one value a block."""
+    lo, hi = cols
+    if blk is None or not isinstance(blk, tuple):
+        return None if blk is None else blk.cols(lo, hi)
+    qs, d, m = blk
+    return qs[:, lo // 2 : hi // 2], d[:, lo // BLOCK : hi // BLOCK], m[:, lo // BLOCK : hi // BLOCK]
+
+
+def _q4_from(parts: list[Blocks | None], weight: torch.Tensor, ranges: list[tuple[int, int]]) -> Q4Weight:
     """Checkpoint blocks for each row range where given, requantized float rows elsewhere."""
     pieces = [
         Q4Weight(*p) if p is not None else Q4Weight.from_float(weight[lo:hi])

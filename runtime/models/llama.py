@@ -3,22 +3,35 @@
 Parameter names follow Hugging Face checkpoints except for two fused projections:
 ``self_attn.qkv_proj`` (q, k, v stacked) and ``mlp.gate_up_proj`` (gate, up stacked), filled by
 :meth:`LlamaForCausalLM.load_weights` from the separate checkpoint tensors.
+
+Tensor parallelism (built inside a process where ``distributed.state.init_tp`` ran): each rank
+holds its attention heads (``models/sharding.py``: query heads split evenly, KV heads split or,
+with more ranks than KV heads, replicated) as the q/k/v rows of ``qkv_proj`` and the matching input
+columns of ``o_proj`` (row parallel, all-reduced); an equal share of the MLP's intermediate
+features as the gate/up rows and the ``down_proj`` columns; a range of the vocabulary in the
+embedding and LM head. Norms, Qwen3's per-head q/k norms and RoPE are replicated. Qwen2's q/k/v
+biases split with their part. :meth:`LlamaForCausalLM.load_weights` takes full checkpoint tensors
+(or lazy slices) and keeps this rank's share.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from phloem.runtime.attention.base import AttentionBackend, QKNorm
+from phloem.runtime.distributed.slices import TensorLike, materialize, shape_of
+from phloem.runtime.distributed.state import get_tp
 from phloem.runtime.layers.activation import silu_and_mul
 from phloem.runtime.layers.embedding import LMHead, VocabEmbedding
 from phloem.runtime.layers.fusion import use_row_fusion
-from phloem.runtime.layers.linear import Linear, MergedLinear
+from phloem.runtime.layers.linear import MergedLinear, RowParallelLinear
 from phloem.runtime.layers.rmsnorm import RMSNorm
 from phloem.runtime.layers.rotary import RotaryEmbedding
 from phloem.runtime.models.config import ModelConfig
+from phloem.runtime.models.sharding import per_rank_heads
 from torch import nn
 
 __all__ = ["LlamaForCausalLM"]
@@ -30,12 +43,18 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer_id: int) -> None:
         super().__init__()
         self.layer_id = layer_id
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        q_size, kv_size = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        heads, d = per_rank_heads(cfg, get_tp()), cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = heads.num_heads, heads.num_kv_heads, d
+        q_size, kv_size = heads.num_heads * d, heads.num_kv_heads * d  # this rank's
         self.split = [q_size, kv_size, kv_size]
-        parts = {"q": q_size, "k": kv_size, "v": kv_size}
-        self.qkv_proj = MergedLinear(cfg.hidden_size, parts, bias=cfg.attention_bias)
-        self.o_proj = Linear(q_size, cfg.hidden_size)
+        q_rows = (heads.q_start * d, heads.q_start * d + q_size)
+        kv_rows = (heads.kv_start * d, heads.kv_start * d + kv_size)
+        full_q, full_kv = cfg.num_heads * d, cfg.num_kv_heads * d
+        self.qkv_proj = MergedLinear(
+            cfg.hidden_size, {"q": full_q, "k": full_kv, "v": full_kv}, bias=cfg.attention_bias,
+            rows={"q": q_rows, "k": kv_rows, "v": kv_rows},
+        )  # fmt: skip
+        self.o_proj = RowParallelLinear(full_q, cfg.hidden_size, cols=q_rows)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
 
@@ -61,7 +80,7 @@ class LlamaMLP(nn.Module):
         super().__init__()
         width = cfg.intermediate_size
         self.gate_up_proj = MergedLinear(cfg.hidden_size, {"gate": width, "up": width})
-        self.down_proj = Linear(width, cfg.hidden_size)
+        self.down_proj = RowParallelLinear(width, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
@@ -162,8 +181,9 @@ class LlamaForCausalLM(nn.Module):
         """``[N, H]`` -> float32 logits ``[N, V]``."""
         return self.lm_head(hidden)
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Copy checkpoint tensors (Hugging Face names) into the parameters.
+    def load_weights(self, weights: Iterable[tuple[str, TensorLike]]) -> None:
+        """Copy checkpoint tensors (Hugging Face names, full tensors or lazy slices) into the
+        parameters; under tensor parallelism, only this rank's share of each.
 
         Raises
         ------
@@ -180,7 +200,7 @@ class LlamaForCausalLM(nn.Module):
         if missing:
             raise ValueError(f"checkpoint is missing {len(missing)} tensors, e.g. {missing[:4]}")
 
-    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor) -> str:
+    def _load_one(self, params: dict[str, nn.Parameter], name: str, tensor: TensorLike) -> str:
         fused = _FUSED.match(name)
         if fused:
             prefix, kind, part, which = (
@@ -196,10 +216,14 @@ class LlamaForCausalLM(nn.Module):
             return f"{prefix}.{target}.{which}"
         if name not in params:
             raise ValueError(f"unexpected checkpoint tensor {name!r}")
-        if params[name].shape != tensor.shape:
-            raise ValueError(f"{name}: expected shape {tuple(params[name].shape)}, got {tuple(tensor.shape)}")
+        owner_name, leaf = name.rsplit(".", 1)
+        owner: Any = self.get_submodule(owner_name)
+        sharded = hasattr(owner, "shard_of")  # a tensor-parallel layer (whole with one rank)
+        expected = owner.full_shape(leaf) if sharded else tuple(params[name].shape)
+        if expected != shape_of(tensor):
+            raise ValueError(f"{name}: expected shape {expected}, got {shape_of(tensor)}")
         with torch.no_grad():
-            params[name].copy_(tensor)
+            params[name].copy_(owner.shard_of(leaf, tensor) if sharded else materialize(tensor))
         return name
 
     def checkpoint_target(self, name: str) -> torch.Tensor:
@@ -211,8 +235,12 @@ class LlamaForCausalLM(nn.Module):
         ------
         KeyError
             When ``name`` is no tensor of this model, or its float weight is gone (a quantized
-            layer, or an embedding whose tied LM head keeps a quantized copy); the message says which.
+            layer, or an embedding whose tied LM head keeps a quantized copy), or the model is
+            split across tensor-parallel ranks (each holds a slice); the message says which.
         """
+        tp = get_tp()
+        if tp.size > 1:
+            raise KeyError(f"{name}: in-place weight updates are not supported with --tp-size {tp.size}")
         fused = _FUSED.match(name)
         if fused:
             prefix, kind, which = fused.group(1), fused.group(2), fused.group(5)
