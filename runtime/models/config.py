@@ -210,6 +210,27 @@ DUMMY_SHAPES: dict[str, ModelConfig] = {
         },
         context_len=131072,
     ),
+    # Too large for one GPU in bf16 (141 GB of weights): the tensor-parallel shape.
+    "llama3-70b": ModelConfig(
+        arch="llama",
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_layers=80,
+        num_heads=64,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=500000.0,
+        rms_norm_eps=1e-5,
+        rope_scaling={
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        context_len=131072,
+    ),
     # Tiny shape for fast unit tests.
     "tiny-llama": ModelConfig(
         arch="llama",
