@@ -121,14 +121,16 @@ def _failure(engine) -> str:
 
 
 def test_engine_on_one_node_and_a_dead_rank(single_rank) -> None:
-    """``Engine(tp_size=3)`` spawns its two followers itself; killing one fails the next request
-    with an error instead of hanging it."""
+    """``Engine(tp_size=3)`` spawns its two followers itself and runs the overlap loop; killing a
+    follower fails the next request with an error instead of hanging it."""
     import os
     import signal
 
     from phloem import Engine
 
-    engine = Engine(tp_size=3, quantization="none", dtype="float32", max_total_tokens=4096, log_level="error")
+    # the overlap loop: rank 0 sends each step from its forward thread while it schedules the next
+    engine = Engine(tp_size=3, quantization="none", dtype="float32", max_total_tokens=4096, log_level="error",
+                    enable_cpu_overlap_schedule=True)  # fmt: skip
     try:
         assert _engine_greedy(engine) == _greedy(single_rank.url)
         follower = next(p for p in engine._procs.procs if p.name == "phloem-tp-rank-2")
