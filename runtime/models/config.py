@@ -160,6 +160,15 @@ def _hf_arch(cfg: dict[str, Any]) -> str:
     raise ValueError(f"unsupported architecture {cfg.get('architectures')} / model_type {model_type!r}")
 
 
+# Llama-3.1's RoPE scaling (both dummy Llama-3 shapes use it)
+_LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
 DUMMY_SHAPES: dict[str, ModelConfig] = {
     "smollm2-135m": ModelConfig(
         arch="llama",
@@ -201,13 +210,7 @@ DUMMY_SHAPES: dict[str, ModelConfig] = {
         head_dim=128,
         rope_theta=500000.0,
         rms_norm_eps=1e-5,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        rope_scaling=_LLAMA3_ROPE_SCALING,
         context_len=131072,
     ),
     # Too large for one GPU in bf16 (141 GB of weights): the tensor-parallel shape.
@@ -222,13 +225,7 @@ DUMMY_SHAPES: dict[str, ModelConfig] = {
         head_dim=128,
         rope_theta=500000.0,
         rms_norm_eps=1e-5,
-        rope_scaling={
-            "rope_type": "llama3",
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 8192,
-        },
+        rope_scaling=_LLAMA3_ROPE_SCALING,
         context_len=131072,
     ),
     # Tiny shape for fast unit tests.
