@@ -3,8 +3,9 @@
 
 Requests that diverge after the same text (``Time: 10:00:0`` before a changing digit) are one
 group: one fix (move what changes after the shared part) recovers all of them. A group's
-``tokens_lost`` sums, over its requests, the tokens each could have reused had it followed the
-cached path it left: ``min(cached_path_tokens, prompt_tokens) - token_index``.
+``tokens_lost`` sums the reports' ``shared_after``: the prompt tokens after the divergence that
+follow the cached path again, which the request recomputed and a prompt with the differing part
+moved after them would have reused.
 """
 
 from __future__ import annotations
@@ -32,9 +33,7 @@ class DivergenceGroup:
 
 def tokens_lost(report: dict[str, Any]) -> int:
     d = report.get("divergence")
-    if not d:
-        return 0
-    return max(min(int(d["cached_path_tokens"]), int(report["prompt_tokens"])) - int(d["token_index"]), 0)
+    return int(d.get("shared_after", 0)) if d else 0
 
 
 def group_divergences(reports: Iterable[dict[str, Any] | None], top: int = 5) -> list[DivergenceGroup]:

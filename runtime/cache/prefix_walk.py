@@ -6,16 +6,22 @@ finds that token and the cached path the prompt would otherwise have followed, s
 see what to move.
 
 "Closest cached path": walk the tree along the prompt; where the prompt leaves the tree, the
-paths that continue from that point are the ones it missed. The one that goes deepest is
-reported (ties go to the most recently used). It is reported only when it continues at least
-``MIN_MISSED_TOKENS`` tokens past the divergence: a few tokens are not worth a warning, and a
-prompt that merely runs past the end of a cached path (a longer question after a cached one)
-missed nothing.
+paths that continue from that point are the ones it missed. Each candidate (the node the prompt
+left, or each child of the node it stopped at; at most ``MAX_CANDIDATES``, most recently used
+first) stands for its deepest path. The reported path is the one the prompt *rejoins* most: within
+``MAX_SHIFT`` tokens after the divergence the prompt's tokens line up with the path's again for at
+least ``MIN_MISSED_TOKENS`` tokens in a row (``shared_after`` counts how many; the timestamp's
+digits were the only difference). Without a rejoin, the deepest path is reported.
+
+A divergence is reported only when the path continues at least ``MIN_MISSED_TOKENS`` (16) tokens
+past it: a few tokens are not worth a warning, and a prompt that merely runs past the end of a
+cached path missed nothing. A divergence at the prompt's first token is reported only with a
+rejoin: an unrelated prompt shares nothing with the cache and missed nothing either.
 
 The walk reads ``children``, ``key``, ``depth`` and ``last_access`` of the nodes and changes
-nothing (``RadixTree.match_prefix`` would split the node it ends in). It visits every node below
-the divergence point to find the deepest path: O(nodes) in the worst case (a prompt that
-diverges at its first token), which a diagnostic asked for per request can afford.
+nothing (``RadixTree.match_prefix`` would split the node it ends in). Finding the deepest path
+visits the nodes below the divergence: O(nodes) in the worst case, which a diagnostic asked for
+per request can afford.
 """
 
 from __future__ import annotations
@@ -38,6 +44,8 @@ __all__ = [
 
 MIN_MISSED_TOKENS = 16  # a cached path must go on this far past the divergence to be reported
 CONTEXT_TOKENS = 24  # tokens of text shown on each side of the divergence
+MAX_SHIFT = 64  # how far after the divergence a rejoin of the cached path is looked for
+MAX_CANDIDATES = 32  # cached paths compared at one divergence point
 
 
 @dataclass(frozen=True)
@@ -47,6 +55,7 @@ class Divergence:
     token_index: int  # first prompt token that no cached path continues with
     cached_path_tokens: int  # length of the closest cached path, from the root
     cached_after: tuple[int, ...]  # the path's tokens from ``token_index`` (at most CONTEXT_TOKENS)
+    shared_after: int = 0  # prompt tokens after the divergence that rejoin the path (0: no rejoin)
 
 
 @dataclass(frozen=True)
@@ -73,33 +82,58 @@ def walk(
         child = node.children.get((extra_key, ids[pos]) if node is root else ids[pos])
         if child is None:
             candidates = [c for c in node.children.values() if node is not root or c.extra_key == extra_key]
-            return PrefixWalk(pos, _missed(tree, candidates, pos, min_missed, context))
+            return PrefixWalk(pos, _missed(tree, candidates, ids, pos, min_missed, context))
         n = _common_len(child.key, ids, pos)
         if n < len(child.key):
             # diverges inside ``child`` (or the prompt ends there: nothing missed)
             if pos + n == len(ids):
                 return PrefixWalk(len(ids), None)
-            return PrefixWalk(pos + n, _missed(tree, [child], pos + n, min_missed, context))
+            return PrefixWalk(pos + n, _missed(tree, [child], ids, pos + n, min_missed, context))
         node, pos = child, pos + n
     return PrefixWalk(pos, None)
 
 
 def _missed(
-    tree: RadixTree, candidates: list[Node], at: int, min_missed: int, context: int
+    tree: RadixTree, candidates: list[Node], ids: Sequence[int], at: int, min_missed: int, context: int
 ) -> Divergence | None:
-    best: Node | None = None
-    for start in candidates:
+    ranked = sorted(candidates, key=lambda n: n.last_access, reverse=True)[:MAX_CANDIDATES]
+    best: tuple[int, int, int] | None = None  # (shared_after, depth, last_access)
+    chosen: tuple[Node, list[int], int] | None = None
+    for start in ranked:
         leaf = _deepest(start)
-        if best is None or (leaf.depth, leaf.last_access) > (best.depth, best.last_access):
-            best = leaf
-    if best is None or best.depth - at < min_missed:
+        path = [t for n in tree.path_to(leaf) for t in n.key]
+        shared = _rejoin(path, ids, at, min_missed)
+        rank = (shared, leaf.depth, leaf.last_access)
+        if best is None or rank > best:
+            best, chosen = rank, (leaf, path, shared)
+    if chosen is None:
         return None
-    tokens: list[int] = []
-    for n in tree.path_to(best):
-        tokens.extend(n.key)
-        if len(tokens) >= at + context:
-            break
-    return Divergence(at, best.depth, tuple(tokens[at : at + context]))
+    leaf, path, shared = chosen
+    if leaf.depth - at < min_missed or (at == 0 and shared == 0):
+        return None
+    return Divergence(at, leaf.depth, tuple(path[at : at + context]), shared)
+
+
+def _rejoin(path: list[int], ids: Sequence[int], at: int, run: int) -> int:
+    """Tokens of ``ids`` after ``at`` that follow ``path`` again: the longest stretch starting
+    that starts within ``MAX_SHIFT`` tokens after ``at`` in both (so tokens inserted or removed
+    before it are allowed) and is at least ``run`` tokens long; 0 when there is none."""
+    grams: dict[tuple[int, ...], int] = {}
+    for c in range(at, min(at + MAX_SHIFT, len(path) - run + 1)):
+        grams.setdefault(tuple(path[c : c + run]), c)
+    best = 0
+    p = at
+    while p < min(at + MAX_SHIFT, len(ids) - run + 1):
+        found = grams.get(tuple(ids[p : p + run]))
+        if found is None:
+            p += 1
+            continue
+        c, n = found, run
+        while p + n < len(ids) and c + n < len(path) and ids[p + n] == path[c + n]:
+            n += 1
+        best = max(best, n)
+        p += n
+    return best
 
 
 def _deepest(start: Node) -> Node:
@@ -133,6 +167,7 @@ def report_ids(
             "prompt_ids_before": list(ids[max(i - context, 0) : i]),
             "prompt_ids_after": list(ids[i : i + context]),
             "cached_ids_after": list(d.cached_after),
+            "shared_after": d.shared_after,
         }
     return {"cached_tokens": cached_tokens, "prompt_tokens": len(ids), "divergence": div}
 
@@ -148,5 +183,6 @@ def report_text(raw: dict[str, Any], decode: Callable[[list[int]], str]) -> dict
             "prompt_text_before": decode(d["prompt_ids_before"]),
             "prompt_text_after": decode(d["prompt_ids_after"]),
             "cached_text_after": decode(d["cached_ids_after"]),
+            "shared_after": d.get("shared_after", 0),
         }
     return {"cached_tokens": raw["cached_tokens"], "prompt_tokens": raw["prompt_tokens"], "divergence": div}

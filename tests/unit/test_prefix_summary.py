@@ -6,6 +6,7 @@ from phloem.bench.prefix_summary import format_divergences, group_divergences, t
 
 
 def _report(before: str, index: int, path: int, prompt: int = 100, after: str = "x") -> dict:
+    """A report whose prompt rejoins the path for the rest of the shorter of the two."""
     return {
         "cached_tokens": index,
         "prompt_tokens": prompt,
@@ -15,13 +16,14 @@ def _report(before: str, index: int, path: int, prompt: int = 100, after: str = 
             "prompt_text_before": before,
             "prompt_text_after": after,
             "cached_text_after": "y",
+            "shared_after": min(path, prompt) - index - 1,
         },
     }
 
 
-def test_tokens_lost_is_bounded_by_the_prompt_and_the_path() -> None:
-    assert tokens_lost(_report("a", 10, 80, prompt=100)) == 70
-    assert tokens_lost(_report("a", 10, 300, prompt=100)) == 90
+def test_tokens_lost_is_what_rejoins_the_path() -> None:
+    assert tokens_lost(_report("a", 10, 80, prompt=100)) == 69
+    assert tokens_lost(_report("a", 10, 300, prompt=100)) == 89
     assert tokens_lost({"cached_tokens": 5, "prompt_tokens": 9, "divergence": None}) == 0
 
 
@@ -36,13 +38,13 @@ def test_groups_by_text_before_and_ranks_by_tokens_lost() -> None:
     ]
     groups = group_divergences(reports)
     assert [(g.before, g.count, g.tokens_lost) for g in groups] == [
-        ("Time: 10:00:0", 3, 285),
-        ("user id 4", 1, 37),
+        ("Time: 10:00:0", 3, 282),
+        ("user id 4", 1, 36),
     ]
     assert groups[0].prompt_after == "1 sys"  # the first request's text stands for the group
     assert len(group_divergences(reports, top=1)) == 1
     text = format_divergences(groups, requests=6)
-    assert "3 requests, 285 tokens lost, at token 5" in text
+    assert "3 requests, 282 tokens lost, at token 5" in text
     assert "'Time: 10:00:0'" in text
 
 

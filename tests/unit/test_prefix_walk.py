@@ -95,9 +95,37 @@ def test_report_windows_and_text() -> None:
     assert text["divergence"]["prompt_text_after"].startswith("0,32")
     assert text["divergence"]["cached_text_after"].startswith("31,32")
     assert set(text["divergence"]) == {
-        "token_index", "cached_path_tokens", "prompt_text_before", "prompt_text_after", "cached_text_after"
+        "token_index", "cached_path_tokens", "prompt_text_before", "prompt_text_after", "cached_text_after",
+        "shared_after",
     }  # fmt: skip
     # a request that ran reports what it reused, not the walk's figure
     assert report_ids(walk(tree, prompt), prompt, cached_tokens=7)["cached_tokens"] == 7
     # nothing to run: the last prompt token is always computed
     assert prefix_report(tree, list(range(1, 61)), extra_key=None)["cached_tokens"] == 59
+
+
+def test_rejoin_counts_the_tokens_a_reorder_would_recover() -> None:
+    tree = _tree([1, 2, 3] + STEM + [7, 7])
+    # one token differs, then the stem follows again: 40 stem tokens rejoin the path
+    assert walk(tree, [1, 2, 9] + STEM).divergence.shared_after == 40  # type: ignore[union-attr]
+    # two tokens inserted before the stem: the rejoin is found further on
+    assert walk(tree, [1, 2, 9, 9, 3] + STEM).divergence.shared_after == 41  # type: ignore[union-attr]
+    # a different text after the divergence: reported (the path goes on), with nothing to recover
+    other = list(range(500, 540))
+    d = walk(tree, [1, 2, 9] + other).divergence
+    assert d is not None and d.shared_after == 0
+
+
+def test_an_unrelated_prompt_is_not_a_divergence_at_token_zero() -> None:
+    tree = _tree(STEM)
+    assert walk(tree, list(range(600, 650))).divergence is None
+    d = walk(tree, [5] + STEM).divergence  # a user id ahead of the shared text: rejoins
+    assert d is not None and (d.token_index, d.shared_after) == (0, 40)
+
+
+def test_the_rejoined_path_wins_over_a_deeper_one() -> None:
+    deep = [1] + list(range(700, 800))  # 101 tokens, nothing in common after the first
+    near = [2] + STEM  # 41 tokens
+    tree = _tree(deep, near)
+    d = walk(tree, [3] + STEM).divergence
+    assert d is not None and d.cached_path_tokens == 41 and d.shared_after == 40
