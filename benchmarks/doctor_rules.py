@@ -19,7 +19,7 @@ from typing import Any
 
 FULL_POOL = 0.90  # token usage at which the KV pool counts as full
 ROOMY_POOL = 0.70  # token usage under which more running requests would still fit
-LPM_MAX_QUEUE = 128  # beyond this the longest-prefix order costs more than it saves
+LPM_MAX_QUEUE = 128  # the scheduler's lpm falls back to arrival order past this many waiting
 SHARED_WORKLOAD = 0.30  # share of prompt tokens reusable from other requests that counts as "many share"
 ITL_SPIKE = 4.0  # p99 / p50 inter-token latency ratio that says prefills stall decodes
 MIN_LATENCY_SAMPLES = 8  # requests needed before latency percentiles say anything
