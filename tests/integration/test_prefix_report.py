@@ -104,6 +104,14 @@ def test_debug_prefix_answers_without_running(server):
     chat = requests.post(url + "/debug/prefix", json={"messages": [{"role": "user", "content": "hi"}]})
     assert chat.status_code == 200 and chat.json()["prompt_tokens"] > 2
     assert _live(url)["prompt_tokens_total"] == before  # nothing ran
+    # the OpenAI routes take the same flag and put the report on each choice
+    body = {"model": "default", "prompt": _stamped(2), "max_tokens": 1, "return_prefix_report": True}
+    done = requests.post(url + "/v1/completions", json=body).json()
+    report = done["choices"][0]["prefix_report"]
+    assert report["divergence"]["prompt_text_after"].startswith("3\n")
+    assert report["cached_tokens"] == done["usage"]["prompt_tokens_details"]["cached_tokens"]
+    plain = requests.post(url + "/v1/completions", json=body | {"return_prefix_report": False}).json()
+    assert "prefix_report" not in plain["choices"][0]
     for body, field in [
         ({}, "text"),
         ({"text": "a", "input_ids": [1]}, "input_ids"),
