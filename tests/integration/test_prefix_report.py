@@ -142,3 +142,26 @@ def test_bench_serving_prints_the_top_divergences(server, capsys):
     lines = [line for line in out.splitlines() if "requests," in line and "tokens lost" in line]
     assert sum(int(line.split(".", 1)[1].split()[0]) for line in lines) == 2, out
     assert all("at token 32" in line or "at token 33" in line for line in lines), out
+
+
+def test_dsl_names_the_changing_argument_and_reports_the_batch_ratio(server, caplog):
+    import logging
+
+    import phloem as ph
+
+    rules = SYSTEM * 2  # over the 200 characters that make a constant text worth a warning
+
+    @ph.function
+    def desk(s, now, question):
+        s += f"Time: {now}\n{rules}Question: {question}\n"
+        s += ph.gen("answer", max_tokens=1)
+
+    calls = [{"now": f"10:00:0{i + 1}", "question": q} for i, q in enumerate(QUESTIONS[:2])]
+    with caplog.at_level(logging.INFO, logger="phloem.lang"):
+        states = desk.run_batch(calls, backend=ph.RuntimeEndpoint(server.url))
+    assert all(s.error() is None for s in states)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == 1 and "argument 'now'" in warnings[0]
+    assert f"{len(chr(10) + rules + 'Question: ')} characters" in warnings[0]
+    assert 0 < states.shared_prefix_ratio < 0.2  # only "Time: 10:00:0" is shared
+    assert any("share" in r.getMessage() and r.levelno == logging.INFO for r in caplog.records)
