@@ -144,3 +144,20 @@ def test_histogram_quantiles_from_two_scrapes() -> None:
     assert quantile(before, after, 0.3) == 0.5
     assert quantile(before, after, 0.99) == 1.0  # past the last finite bound: that bound
     assert quantile(before, before, 0.5) == 0.0
+
+
+def test_engine_flags_follow_the_double_dash_and_jsonl_workloads_load(tmp_path) -> None:
+    import pytest
+    from phloem.bench.doctor import load_requests, split_argv
+
+    assert split_argv(["--dataset", "random", "--", "--max-running-requests", "1"]) == (
+        ["--dataset", "random"], ["--max-running-requests", "1"]
+    )  # fmt: skip
+    assert split_argv(["--url", "http://x"]) == (["--url", "http://x"], [])
+    path = tmp_path / "traffic.jsonl"
+    path.write_text('{"text": "hello", "max_new_tokens": 3}\n\n{"prompt": "bye"}\n')
+    sessions = load_requests(str(path), output_len=7)
+    assert [(s.turns[0].content, s.turns[0].output_len) for s in sessions] == [("hello", 3), ("bye", 7)]
+    path.write_text('{"messages": []}\n')
+    with pytest.raises(ValueError, match="traffic.jsonl:1"):
+        load_requests(str(path), output_len=7)
