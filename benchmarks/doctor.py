@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None) -> int:
 def _record(run: RunResult) -> dict[str, Any]:
     return {
         "flags": run.flags,
+        "completed": run.report.get("completed", 0),
+        "failed": run.report.get("failed", 0),
         "summary": run_summary(run),
         "findings": [f.__dict__ for f in run.findings],
         "prefix_groups": run.snapshot.prefix_groups,

@@ -71,6 +71,10 @@ def test_throughput_fires_at_the_running_cap_with_a_queue_and_room_in_the_pool()
     assert not throughput(healthy(capped, samples=[live(1, 0, 0.05)] * 8)).fired  # nobody waits
     burst = [live(1, 5, 0.05)] + [live(1, 0, 0.05)] * 7
     assert not throughput(healthy(capped, samples=burst)).fired
+    # a request being prefilled is not counted as running: the queue behind it still counts
+    assert throughput(healthy(capped, samples=[live(0, 3, 0.05)] * 8)).fired
+    # arrivals waiting for the next step under a roomy cap are no reason to raise it
+    assert not throughput(healthy(samples=[live(0, 4, 0.05)] * 8)).fired
 
 
 def test_retractions_fire_on_any_retraction() -> None:
