@@ -36,7 +36,7 @@ from typing import Any
 from phloem.bench.doctor_rules import Finding, Snapshot, diagnose, format_findings, suggested_flags
 from phloem.bench.prefix_summary import group_divergences
 
-SAMPLE_INTERVAL_S = 0.25
+SAMPLE_INTERVAL_S = 0.1  # the live stats are read between scheduler steps: sample often
 READY_TIMEOUT_S = 300.0
 
 

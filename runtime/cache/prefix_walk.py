@@ -28,9 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .radix_tree import Node, RadixTree
+if TYPE_CHECKING:  # the tokenizer manager imports this module for report_text: keep torch out
+    from .radix_tree import Node, RadixTree
 
 __all__ = [
     "CONTEXT_TOKENS",
