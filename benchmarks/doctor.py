@@ -11,7 +11,9 @@ tokens, TTFT and ITL histograms); every request asks for its prefix report. The 
 (``doctor_rules``) come in a fixed order, each with its evidence and the flag to change.
 
 ``--apply`` (the doctor must have started the server) restarts it with the suggested flags, runs
-the same workload again and prints both runs side by side; ``--plot DIR`` also charts them.
+the same workload again and prints both runs side by side, and charts them in
+``doctor-plots/doctor_before_after.png`` (``--plot DIR`` for another folder) when matplotlib is
+installed.
 
 A JSONL workload (``--requests``) has one request per line: ``{"text": ..., "max_new_tokens": n}``
 (or ``"prompt"`` for ``"text"``; ``max_new_tokens`` defaults to ``--output-len``). Outputs ignore EOS,
@@ -36,6 +38,7 @@ from typing import Any
 from phloem.bench.doctor_rules import Finding, Snapshot, diagnose, format_findings, suggested_flags
 from phloem.bench.prefix_summary import group_divergences
 
+DEFAULT_PLOT_DIR = "doctor-plots"
 SAMPLE_INTERVAL_S = 0.1  # the live stats are read between scheduler steps: sample often
 READY_TIMEOUT_S = 300.0
 
@@ -56,7 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrency", type=int, default=16, help="requests in flight")
     p.add_argument("--apply", action="store_true", help="re-run with the suggested flags and compare")
     p.add_argument(
-        "--plot", default=None, metavar="DIR", help="with --apply: chart before/after (matplotlib)"
+        "--plot",
+        default=None,
+        metavar="DIR",
+        help=f"with --apply: where to chart before/after (default {DEFAULT_PLOT_DIR}; needs matplotlib)",
     )
     p.add_argument("--json", default=None, metavar="FILE", help="write the findings and runs as JSON")
     p.add_argument("--tokenizer", default="server", help="as for 'phloem bench serving'")
@@ -374,8 +380,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("engine flags after -- are for a server the doctor starts: leave out --url")
     if ns.plot and not ns.apply:
         parser.error("--plot charts the before/after runs of --apply")
-    if ns.plot and importlib.util.find_spec("matplotlib") is None:  # before the runs, not after them
+    has_matplotlib = importlib.util.find_spec("matplotlib") is not None
+    if ns.plot and not has_matplotlib:  # before the runs, not after them
         parser.error("--plot needs matplotlib (pip install matplotlib)")
+    plot_dir = ns.plot or (DEFAULT_PLOT_DIR if ns.apply and has_matplotlib else None)
     try:
         if ns.url:
             before = asyncio.run(run_once(ns, ns.url.rstrip("/"), []))
@@ -396,8 +404,8 @@ def main(argv: list[str] | None = None) -> int:
             print("== before and after", flush=True)
             print(format_side_by_side(before, after), flush=True)
             out["after"] = _record(after)
-            if ns.plot:
-                print(f"wrote {write_plot(before, after, ns.plot)}", flush=True)
+            if plot_dir:
+                print(f"wrote {write_plot(before, after, plot_dir)}", flush=True)
     if ns.json:
         with open(ns.json, "w") as f:
             json.dump(out, f, indent=1)
