@@ -254,15 +254,21 @@ async def measure_run(
 
 
 def shared_ceiling(sessions: list[Any], tokenizer: Any) -> float:
-    """Share of the workload's first-turn prompt tokens that another prompt also starts with."""
-    from phloem.lang.prefix_check import shared_prefix_ratio
-
-    texts = [s.turns[0].content for s in sessions if not s.chat]
-    if len(texts) < 2:
+    """Share of the workload's first-turn prompt tokens that another prompt also starts with: one
+    minus the size of the prompts' prefix tree over their total length (0.0 for fewer than two)."""
+    ids = sorted(tokenizer.encode(s.turns[0].content) for s in sessions if not s.chat)
+    total = sum(len(x) for x in ids)
+    if len(ids) < 2 or not total:
         return 0.0
-    ids = [tokenizer.encode(t) for t in texts]
-    # token ids as characters: the same prefix-tree measure the DSL uses for texts
-    return shared_prefix_ratio(["".join(map(chr, x)) for x in ids])
+    # in sorted order, each prompt's longest common prefix with any other is with a neighbour
+    return sum(_common_prefix(a, b) for a, b in zip(ids, ids[1:])) / total
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
 
 
 def load_requests(path: str, output_len: int) -> list[Any]:

@@ -165,3 +165,19 @@ def test_engine_flags_follow_the_double_dash_and_jsonl_workloads_load(tmp_path) 
     path.write_text('{"messages": []}\n')
     with pytest.raises(ValueError, match="traffic.jsonl:1"):
         load_requests(str(path), output_len=7)
+
+
+def test_shared_ceiling_counts_tokens_other_prompts_start_with() -> None:
+    from phloem.bench.datasets import Session, Turn
+    from phloem.bench.doctor import shared_ceiling
+
+    class Words:
+        def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+            return [ord(w[0]) for w in text.split()]
+
+    def one(text: str, sid: int) -> Session:
+        return Session(sid=sid, turns=(Turn(content=text, output_len=1),))
+
+    sessions = [one("a b c d", 0), one("a b c e", 1), one("x y", 2)]
+    assert shared_ceiling(sessions, Words()) == 3 / 10
+    assert shared_ceiling(sessions[:1], Words()) == 0.0
