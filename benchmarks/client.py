@@ -52,6 +52,7 @@ class Result:
     cached_tokens: int | None = None
     client_output_tokens: int = 0
     finish_reason: Any = None
+    prefix_report: dict[str, Any] | None = None  # meta_info.prefix_report, when asked for
 
     def fail(self, message: str) -> Result:
         self.success, self.error = False, message
@@ -134,9 +135,12 @@ def check_output(result: Result) -> Result:
 class HttpBackend:
     """Shared aiohttp session and error handling; subclasses build the body and read the stream."""
 
-    def __init__(self, base_url: str, *, model: str | None = None, api_key: str | None = None) -> None:
+    def __init__(
+        self, base_url: str, *, model: str | None = None, api_key: str | None = None, prefix_report: bool = False
+    ) -> None:
         import aiohttp
 
+        self.prefix_report = prefix_report  # ask for meta_info.prefix_report (phloem's routes)
         self.base_url = base_url.rstrip("/")
         self.model = model or "default"
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -184,7 +188,10 @@ class PhloemBackend(HttpBackend):
         return "/generate"
 
     def body(self, req: Prepared) -> dict[str, Any]:
-        return {"text": req.text, "sampling_params": sampling_params(req), "stream": True}
+        body = {"text": req.text, "sampling_params": sampling_params(req), "stream": True}
+        if self.prefix_report:
+            body["return_prefix_report"] = True
+        return body
 
     def on_event(self, event: dict[str, Any], clock: StreamClock, result: Result) -> None:
         apply_native_chunk(event, clock, result)
@@ -214,6 +221,7 @@ def apply_native_chunk(chunk: dict[str, Any], clock: StreamClock, result: Result
     result.server_prompt_tokens = meta.get("prompt_tokens", result.server_prompt_tokens)
     result.cached_tokens = meta.get("cached_tokens", result.cached_tokens)
     result.finish_reason = meta.get("finish_reason") or result.finish_reason
+    result.prefix_report = meta.get("prefix_report", result.prefix_report)
 
 
 class OpenAIBackend(HttpBackend):

@@ -22,6 +22,7 @@ from typing import Any
 from phloem.bench.bench_tokenizer import TokenizerSourceError, bench_tokenizer
 from phloem.bench.client import BACKENDS, Backend, Result
 from phloem.bench.datasets import DATASETS, DatasetOptions, Session, build_dataset, warmup_sessions
+from phloem.bench.prefix_summary import format_divergences, group_divergences
 from phloem.bench.report import append_jsonl, counter_delta, format_report, parse_prometheus, summarize
 from phloem.bench.runner import ChatTokenizer, RunOptions, run_sessions
 
@@ -61,6 +62,12 @@ def add_serving_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="model name for OpenAI routes (default: /v1/models' first)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--plot", default=None, metavar="DIR", help="write PNG charts (needs matplotlib)")
+    p.add_argument(
+        "--prefix-report",
+        action="store_true",
+        help="ask for every request's prefix report (phloem backend) and print where prompts stopped "
+        "matching the prefix cache, grouped by the text at the divergence",
+    )
     p.add_argument(
         "--tokenizer",
         default="server",
@@ -207,7 +214,9 @@ async def serve_bench(ns: argparse.Namespace, argv: list[str] | None) -> list[Ru
     vocab = await dummy_vocab(ns.base_url, ns.api_key, tokenizer)
     runs: list[Run] = []
     for conc in concurrency_list(ns.max_concurrency):
-        backend = BACKENDS[ns.backend](ns.base_url, model=model, api_key=ns.api_key)
+        backend = BACKENDS[ns.backend](
+            ns.base_url, model=model, api_key=ns.api_key, prefix_report=ns.prefix_report
+        )
         try:
             await warm_up(backend, tokenizer, ns.warmup_requests)
             opt = RunOptions(conc, ns.request_rate, ns.seed, ns.ignore_eos, not ns.disable_tqdm)
@@ -223,8 +232,13 @@ async def serve_bench(ns: argparse.Namespace, argv: list[str] | None) -> list[Ru
             "tokenizer": ns.tokenizer,
             "max_concurrency": conc,
         } | report
+        if ns.prefix_report:
+            groups = group_divergences(r.prefix_report for r in results)
+            report["prefix_divergences"] = [g.to_dict() for g in groups]
         runs.append((report, results))
         print(format_report(report), flush=True)
+        if ns.prefix_report:
+            print(format_divergences(groups, len(results)), flush=True)
         if ns.output_file:
             details = {"requests": [r.to_record() for r in results]} if ns.output_details else {}
             append_jsonl(ns.output_file, report | details)
@@ -238,6 +252,9 @@ def main(ns: argparse.Namespace, argv: list[str] | None = None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        return 2
+    if ns.prefix_report and ns.backend != "phloem":
+        print("phloem bench serving: --prefix-report needs --backend phloem", file=sys.stderr, flush=True)
         return 2
     try:
         runs = asyncio.run(serve_bench(ns, argv))

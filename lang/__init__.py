@@ -7,6 +7,7 @@ this package needs neither torch nor the runtime.
 from __future__ import annotations
 
 from phloem.lang.api import (
+    BatchStates,
     Program,
     assistant,
     assistant_begin,
@@ -46,6 +47,7 @@ from phloem.lang.tracer import RequestTree
 
 __all__ = [
     "Backend",
+    "BatchStates",
     "BackendCapabilityError",
     "BackendError",
     "ChatTemplate",

@@ -5,7 +5,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import json
+import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import fields
@@ -27,7 +29,16 @@ from phloem.lang.ir import (
     Select,
     as_node,
 )
-from phloem.lang.tracer import RequestTree, shared_stem, trace_program
+from phloem.lang.prefix_check import (
+    late_stems,
+    prompt_text,
+    shared_prefix_ratio,
+    varying_arguments,
+    warning_text,
+)
+from phloem.lang.tracer import RequestTree, TracedValue, shared_stem, trace_program
+
+logger = logging.getLogger("phloem.lang")
 
 # -- default backend ---------------------------------------------------------------------------------------
 
@@ -91,6 +102,11 @@ class Program:
         self._params = {p.name: p for p in params}
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+        # prompt order checks (prefix_check): the previous call's arguments, and the arguments
+        # already checked (each is traced once, so repeated calls cost nothing more)
+        self._lock = threading.Lock()
+        self._last_arguments: dict[str, Any] | None = None
+        self._checked: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<phloem program {self.name}({', '.join(self._params)})>"
@@ -109,11 +125,21 @@ class Program:
         return arguments, sampling_defaults(options)
 
     def run(self, *, backend: Backend | None = None, stream: bool = False, **kwargs: Any) -> ProgramState:
-        """Run once. Returns the finished state, or (``stream=True``) a state still being written."""
+        """Run once. Returns the finished state, or (``stream=True``) a state still being written.
+
+        Logs a warning (once per argument) when an argument that changed since the previous call is
+        written ahead of a long constant text (see :mod:`phloem.lang.prefix_check`)."""
+        chosen = _backend_or_default(backend)
+        arguments, _ = self._split(kwargs)
+        with self._lock:
+            previous, self._last_arguments = self._last_arguments, arguments
+        if previous is not None:
+            self._check_order([previous, arguments], chosen)
+        return self._run(chosen, stream, kwargs)
+
+    def _run(self, backend: Backend, stream: bool, kwargs: dict[str, Any]) -> ProgramState:
         arguments, defaults = self._split(kwargs)
-        return run_program(
-            self.fn, arguments, backend=_backend_or_default(backend), defaults=defaults, stream=stream
-        )
+        return run_program(self.fn, arguments, backend=backend, defaults=defaults, stream=stream)
 
     async def arun(
         self, *, backend: Backend | None = None, stream: bool = False, **kwargs: Any
@@ -129,29 +155,55 @@ class Program:
         progress_bar: bool = False,
         backend: Backend | None = None,
         **options: Any,
-    ) -> list[ProgramState]:
-        """Run once per argument dict, concurrently; states come back in input order.
+    ) -> BatchStates:
+        """Run once per argument dict, concurrently; states come back in input order, in a list
+        whose ``shared_prefix_ratio`` says how much of the calls' prompts they share (also logged).
 
         The constant stem the programs share is sent once (a prefill-only request) before the batch.
+        An argument whose value differs between calls and that is written ahead of a long constant
+        text is named in a warning: moving it after that text lets the calls share it.
         """
         chosen = _backend_or_default(backend)
+        ratio = 0.0
         if len(batch_kwargs) > 1:
-            self._cache_stem(batch_kwargs, chosen)
+            self._check_order([self._split(kw)[0] for kw in batch_kwargs], chosen)
+            ratio = self._cache_stem(batch_kwargs, chosen)
+            logger.info(
+                "program %s: %d calls share %.0f%% of their prompt text",
+                self.name,
+                len(batch_kwargs),
+                100 * ratio,
+            )
         workers = _thread_count(num_threads, len(batch_kwargs))
 
         def one(kwargs: dict[str, Any]) -> ProgramState:
-            return self.run(backend=chosen, **kwargs, **options)
+            return self._run(chosen, False, {**kwargs, **options})
 
         with ThreadPoolExecutor(max_workers=workers) as pool:
             results = pool.map(one, batch_kwargs)
-            return list(_with_progress(results, len(batch_kwargs), enabled=progress_bar))
+            return BatchStates(_with_progress(results, len(batch_kwargs), enabled=progress_bar), ratio)
 
-    def _cache_stem(self, batch_kwargs: Sequence[dict[str, Any]], backend: Backend) -> None:
+    def _cache_stem(self, batch_kwargs: Sequence[dict[str, Any]], backend: Backend) -> float:
+        """Send the batch's shared stem; returns the batch's shared-prefix ratio."""
         template = _template_or_default(backend)
         trees = [self._trace(self._split(kw)[0], template) for kw in batch_kwargs]
         stem = shared_stem(trees)
         if stem:
             backend.cache_prefix(stem)
+        return shared_prefix_ratio([prompt_text(t) for t in trees])
+
+    def _check_order(self, calls: Sequence[dict[str, Any]], backend: Backend) -> None:
+        """Warn about changing arguments written ahead of a long constant text (once each)."""
+        with self._lock:
+            varying = [name for name in varying_arguments(calls) if name not in self._checked]
+            self._checked.update(varying)
+        if not varying:
+            return
+        traced = {k: v for k, v in calls[-1].items() if k not in varying}
+        traced.update({name: TracedValue(name) for name in varying})
+        tree = self._trace(traced, _template_or_default(backend))
+        for late in late_stems(prompt_text(tree), varying):
+            logger.warning(warning_text(self.name, late))
 
     def trace(self, *, backend: Backend | None = None, **kwargs: Any) -> RequestTree:
         """The request tree of this program for these arguments (missing ones become placeholders).
@@ -164,6 +216,16 @@ class Program:
     def _trace(self, arguments: dict[str, Any], template: ChatTemplate) -> RequestTree:
         required = [n for n, p in self._params.items() if p.default is inspect.Parameter.empty]
         return trace_program(self.fn, arguments, parameters=required, template=template, name=self.name)
+
+
+class BatchStates(list):  # type: ignore[type-arg]  # a list of ProgramState
+    """What :meth:`Program.run_batch` returns: the states in input order, plus
+    ``shared_prefix_ratio``: the share of the calls' prompt text (before each one's first
+    generation) that a prefix cache could serve from another call of the batch (0.0 to 1.0)."""
+
+    def __init__(self, states: Any = (), shared_prefix_ratio: float = 0.0) -> None:
+        super().__init__(states)
+        self.shared_prefix_ratio = shared_prefix_ratio
 
 
 def function(fn: Callable[..., Any]) -> Program:

@@ -1,4 +1,4 @@
-"""``phloem`` command line: serve, router, generate, bench, train-eagle.
+"""``phloem`` command line: serve, router, generate, bench, doctor, train-eagle.
 
 Engine flags are generated from ``EngineArgs`` fields, so ``phloem serve --help`` lists every
 option with the same names the ``Engine(**config)`` keywords use.
@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     b = sub.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     b.add_argument("rest", nargs=argparse.REMAINDER)
+
+    d = sub.add_parser("doctor", help="replay a workload, read the server's gauges, suggest flags", add_help=False)
+    d.add_argument("rest", nargs=argparse.REMAINDER)
 
     t = sub.add_parser("train-eagle", help="train an EAGLE draft head for a target model", add_help=False)
     t.add_argument("rest", nargs=argparse.REMAINDER)
@@ -115,6 +118,12 @@ def cmd_bench(ns: argparse.Namespace) -> int:
     return int(bench_main(ns.rest) or 0)
 
 
+def cmd_doctor(ns: argparse.Namespace) -> int:
+    from phloem.bench.doctor import main as doctor_main
+
+    return int(doctor_main(ns.rest) or 0)
+
+
 def cmd_train_eagle(ns: argparse.Namespace) -> int:
     from phloem.training.eagle_head import train_eagle_main
 
@@ -123,7 +132,7 @@ def cmd_train_eagle(ns: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if args and args[0] in ("bench", "train-eagle"):
+    if args and args[0] in ("bench", "doctor", "train-eagle"):
         # these own their flags: argparse's REMAINDER refuses a remainder that starts with an option
         ns = argparse.Namespace(command=args[0], rest=args[1:])
     else:
@@ -132,14 +141,21 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:  # named by the subcommand, whose options the user was writing
             sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
             sub.choices[ns.command].error(f"unrecognized arguments: {' '.join(unknown)}")
-    handlers = {"generate": cmd_generate, "serve": cmd_serve, "router": cmd_router, "bench": cmd_bench, "train-eagle": cmd_train_eagle}
+    handlers = {
+        "generate": cmd_generate,
+        "serve": cmd_serve,
+        "router": cmd_router,
+        "bench": cmd_bench,
+        "doctor": cmd_doctor,
+        "train-eagle": cmd_train_eagle,
+    }
     try:
         return handlers[ns.command](ns)
     except (FileNotFoundError, ValueError) as e:  # bad model path or option: one clear line
         print(f"phloem: error: {e}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as e:  # an install without the runtime's dependencies
-        if ns.command in ("bench",) or not e.name or e.name.startswith("phloem"):
+        if ns.command in ("bench", "doctor") or not e.name or e.name.startswith("phloem"):
             raise
         print(
             f"phloem {ns.command}: error: the module {e.name!r} is missing; the runtime needs its extra: "

@@ -71,6 +71,7 @@ class Engine:
         priority: int | None = None,
         extra_key: str | None = None,
         stream: bool = False,
+        return_prefix_report: bool = False,
     ) -> dict[str, Any] | list[dict[str, Any]] | Iterator[dict[str, Any]]:
         """What ``POST /generate`` answers for the body with these fields (``prompt`` is its
         ``text``); ``sampling_params`` may also be ``SamplingParams`` objects. Raises
@@ -88,6 +89,7 @@ class Engine:
             priority=priority,
             extra_key=extra_key,
             stream=stream,
+            return_prefix_report=return_prefix_report,
         )
         reqs, batched = self._expand(call)
         if stream:

@@ -47,6 +47,7 @@ class GenerateCall:
     rid: str | list[str] | None = None
     priority: int | None = None
     extra_key: str | None = None
+    return_prefix_report: bool = False
 
 
 def expand(call: GenerateCall, vocab_size: int | None = None) -> tuple[list[GenerateRequest], bool]:
@@ -81,6 +82,7 @@ def expand(call: GenerateCall, vocab_size: int | None = None) -> tuple[list[Gene
                     priority=call.priority,
                     extra_key=call.extra_key,
                     stream=call.stream,
+                    return_prefix_report=call.return_prefix_report,
                     **opts,
                 )
             )

@@ -37,6 +37,7 @@ class TokenizedGenerateReq(msgspec.Struct, tag=True, kw_only=True):
     priority: int | None = None
     extra_key: str | None = None
     arrival_time: float = 0.0
+    return_prefix_report: bool = False
 
 
 class AbortReq(msgspec.Struct, tag=True, kw_only=True):
@@ -55,6 +56,15 @@ class FlushCacheReq(msgspec.Struct, tag=True, kw_only=True):
 
 class GetStatsReq(msgspec.Struct, tag=True, kw_only=True):
     req_id: int
+
+
+class PrefixReportReq(msgspec.Struct, tag=True, kw_only=True):
+    """Where ``input_ids`` would stop matching the prefix cache (``runtime/cache/prefix_walk.py``),
+    without running anything; the reply's ``data`` is the report with token ids."""
+
+    req_id: int
+    input_ids: list[int]
+    extra_key: str | None = None
 
 
 class CudaIpcTensor(msgspec.Struct, kw_only=True):
@@ -170,6 +180,7 @@ ToScheduler = (
     | AbortReq
     | FlushCacheReq
     | GetStatsReq
+    | PrefixReportReq
     | UpdateWeightsReq
     | InitWeightsGroupReq
     | UpdateWeightsFromDistributedReq
@@ -214,6 +225,7 @@ class ReqTokenOut(msgspec.Struct, kw_only=True):
     input_top_logprobs: list[list[list[Any]]] | None = None
     input_token_ids_logprobs: list[list[list[Any]]] | None = None
     spec: dict[str, Any] | None = None
+    prefix_report: dict[str, Any] | None = None  # prefix_walk.report_ids, with the first output
 
 
 class BatchTokenOut(msgspec.Struct, tag=True, kw_only=True):

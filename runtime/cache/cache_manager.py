@@ -132,6 +132,11 @@ class CacheManager:
 
     # ------------------------------------------------------------------ sizes
     @property
+    def tree(self) -> RadixTree | None:
+        """The radix tree, for read-only inspection (``prefix_walk``); None without prefix sharing."""
+        return self._tree
+
+    @property
     def radix_enabled(self) -> bool:
         """Whether prefixes are shared (a tree is present)."""
         return self._tree is not None

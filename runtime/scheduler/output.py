@@ -81,6 +81,8 @@ class OutputCollector:
             cached_tokens_details=req.cached_tokens_details,
             num_retractions=req.num_retractions,
         )
+        if not req.init_sent and req.prefix_report is not None:
+            out.prefix_report = req.prefix_report
         if req.spec_verify_ct:
             accepted_drafts = req.spec_accepted_tokens - req.spec_verify_ct  # minus bonus tokens
             out.spec = {

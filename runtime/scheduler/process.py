@@ -37,6 +37,7 @@ from phloem.runtime.messages import (
     InitWeightsGroupReq,
     MemoryOccupationReq,
     PauseGenerationReq,
+    PrefixReportReq,
     Ready,
     SchedulerStats,
     ShutdownReq,
@@ -48,6 +49,7 @@ from phloem.runtime.messages import (
     UpdateWeightsReq,
 )
 from phloem.runtime.sampling.stop import StopChecker
+from phloem.runtime.scheduler.admission_report import prefix_report
 from phloem.runtime.scheduler.heartbeat import HeartbeatThread, LoopWatch
 from phloem.runtime.scheduler.req import Req
 from phloem.runtime.scheduler.scheduler import Scheduler, StepTimes
@@ -115,6 +117,7 @@ class SchedulerProcess:
             AbortReq: self._on_abort,
             FlushCacheReq: self._on_flush,
             GetStatsReq: self._on_stats,
+            PrefixReportReq: self._on_prefix_report,
             UpdateWeightsReq: self._on_update_weights,
             InitWeightsGroupReq: self._on_group_request,
             UpdateWeightsFromDistributedReq: self._on_group_request,
@@ -215,6 +218,7 @@ class SchedulerProcess:
             stream=msg.stream,
             priority=msg.priority or 0,
             extra_key=msg.extra_key,
+            return_prefix_report=msg.return_prefix_report,
         )
         self.scheduler.add_request(req)
 
@@ -280,6 +284,10 @@ class SchedulerProcess:
 
     def _on_stats(self, msg: GetStatsReq) -> None:
         self._send_tm(ControlReply(req_id=msg.req_id, ok=True, data=self.scheduler.live_stats()))
+
+    def _on_prefix_report(self, msg: PrefixReportReq) -> None:
+        report = prefix_report(self.rt.cache.tree, msg.input_ids, extra_key=msg.extra_key)
+        self._send_tm(ControlReply(req_id=msg.req_id, ok=True, data=report))
 
     def _on_update_weights(self, msg: UpdateWeightsReq) -> None:
         """Check what can be checked now (a bad path, format, tensor name or shape is refused

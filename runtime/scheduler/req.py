@@ -36,6 +36,7 @@ class Req:
     priority: int = 0
     extra_key: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
+    return_prefix_report: bool = False
 
     output_ids: list[int] = field(default_factory=list)
     # --- cache state (owned by the scheduler through the CacheManager)
@@ -53,6 +54,7 @@ class Req:
     cached_tokens_details: dict[str, int] | None = None  # {device, host, storage} at first admission
     num_retractions: int = 0
     first_admitted: bool = False
+    prefix_report: dict[str, Any] | None = None  # prefix_walk.report_ids at first admission
     finished_reason: FinishReason | None = None
     grammar: Any = None  # GrammarMatcher or None
     grammar_future: Any = None  # Future[CompiledGrammar] while the grammar compiles

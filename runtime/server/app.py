@@ -1,7 +1,7 @@
 """The HTTP server: FastAPI app over a TokenizerManager, and the uvicorn process around it.
 
 ``create_app(tm)`` builds the ASGI app (routes in ``native.py``, ``openai_api.py``,
-``tool_routes.py``, ``weight_routes.py`` and ``rl_routes.py``).
+``tool_routes.py``, ``weight_routes.py``, ``rl_routes.py`` and ``debug_routes.py``).
 ``run_server(args)`` starts the engine, serves until SIGTERM/SIGINT (in-flight requests get an
 abort error, the server drains for a few seconds) or until the engine breaks (a child process
 died, or the scheduler was silent for ``--watchdog-timeout``: the server exits non-zero within
@@ -25,7 +25,7 @@ import uvicorn
 from fastapi import FastAPI
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.metrics import ServerMetrics
-from phloem.runtime.server import native, openai_api, rl_routes, tool_routes, weight_routes
+from phloem.runtime.server import debug_routes, native, openai_api, rl_routes, tool_routes, weight_routes
 from phloem.runtime.server.http_errors import ApiError, install_error_handlers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -58,6 +58,7 @@ def create_app(tm: Any) -> FastAPI:
     app.include_router(tool_routes.router)
     app.include_router(weight_routes.router)
     app.include_router(rl_routes.router)
+    app.include_router(debug_routes.router)
     # Added last = outermost: auth runs before the body is read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=tm.args.max_request_body_bytes)
     if tm.args.api_key:

@@ -289,6 +289,7 @@ def _completion_requests(body: CompletionRequest, prompts: list[Prompt], rid: st
                     logprob_start_len=0 if body.echo and body.logprobs is not None else -1,
                     return_text_in_logprobs=True,
                     stream=body.stream,
+                    return_prefix_report=body.return_prefix_report,
                 )
             )
     return reqs
@@ -350,13 +351,21 @@ def _echo_text(prompt: Prompt, tm: Any) -> str:
 
 def _completion_choice(index: int, out: Output, echo: str, with_echo: bool, with_logprobs: bool) -> dict:
     logprobs = completion_logprobs(_meta(out), with_echo, 0, 0, 0) if with_logprobs else None
-    return {
+    return _with_prefix_report({
         "index": index,
         "text": echo + out.get("text", ""),
         "logprobs": logprobs,
         "finish_reason": _openai_finish(out),
         "matched_stop": _matched_stop(out),
-    }
+    }, out)  # fmt: skip
+
+
+def _with_prefix_report(choice: dict[str, Any], out: Output) -> dict[str, Any]:
+    """``choice`` plus the request's ``prefix_report`` when it asked for one (``return_prefix_report``)."""
+    report = _meta(out).get("prefix_report")
+    if report is not None:
+        choice["prefix_report"] = report
+    return choice
 
 
 def completion_logprobs(
@@ -605,6 +614,7 @@ def _chat_requests(
             top_logprobs_num=top,
             return_text_in_logprobs=True,
             stream=body.stream,
+            return_prefix_report=body.return_prefix_report,
         )
         for j, params in enumerate(sampling_for_samples(wire, n, names=names))
     ]
@@ -667,13 +677,13 @@ def _chat_choice(
     reason = _openai_finish(out)
     if calls and reason == "stop":  # a response cut at max_tokens stays "length"
         reason = "tool_calls"
-    return {
+    return _with_prefix_report({
         "index": index,
         "message": message,
         "logprobs": logprobs,
         "finish_reason": reason,
         "matched_stop": _matched_stop(out),
-    }
+    }, out)  # fmt: skip
 
 
 def _token_entry(triple: Sequence[Any]) -> dict[str, Any]:

@@ -49,6 +49,7 @@ class _SamplingFields(_Body):
     ebnf: str | None = None
     json_schema: str | dict[str, Any] | None = None
     logprob_mode: str | None = None  # phloem's own: "raw" or "processed" logprobs
+    return_prefix_report: bool = False  # phloem's own: each choice's prefix_report (non-streaming)
 
 
 class CompletionRequest(_SamplingFields):

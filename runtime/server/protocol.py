@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from phloem.runtime.server.openai_protocol import ChatMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 IntList = list[int]
@@ -65,6 +66,7 @@ class GenerateBody(_Body):
     rid: str | list[str] | None = None
     priority: int | None = None
     extra_key: str | None = None
+    return_prefix_report: bool = False  # phloem's own: meta_info.prefix_report
     # IGNORED_SGLANG_FIELDS
     log_metrics: bool = True
     no_logs: bool = False
@@ -97,6 +99,16 @@ class GenerateBody(_Body):
             if value != default and not (value == [] and default is None):
                 return name
         return None
+
+
+class DebugPrefixBody(_Body):
+    """``/debug/prefix``: one prompt, as text, token ids or chat messages (rendered as the chat
+    route renders them)."""
+
+    text: str | None = None
+    input_ids: IntList | None = None
+    messages: list[ChatMessage] | None = None
+    extra_key: str | None = None
 
 
 class TokenizeBody(_Body):

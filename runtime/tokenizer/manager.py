@@ -19,6 +19,7 @@ from typing import Any
 
 import zmq
 import zmq.asyncio
+from phloem.runtime.cache.prefix_walk import report_text
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.errors import InvalidRequest
 from phloem.runtime.expand import MAX_TOP_LOGPROBS_NUM
@@ -36,6 +37,7 @@ from phloem.runtime.messages import (
     Heartbeat,
     MemoryOccupationReq,
     PauseGenerationReq,
+    PrefixReportReq,
     Ready,
     ReqStrOut,
     SchedulerStats,
@@ -283,6 +285,7 @@ class TokenizerManager:
             priority=req.priority,
             extra_key=req.extra_key,
             arrival_time=time.time(),
+            return_prefix_report=req.return_prefix_report,
         )
 
     def _validate_grammar(self, kind: str, text: str) -> None:
@@ -338,6 +341,16 @@ class TokenizerManager:
             if reply.ok or timeout is None or time.monotonic() >= deadline:
                 return reply.ok
             await asyncio.sleep(0.05)
+
+    async def prefix_report(self, ids: list[int], *, extra_key: str | None = None) -> dict[str, Any]:
+        """Where ``ids`` would stop matching the prefix cache now (``PrefixReportReq``), with text."""
+        reply = await self._control(PrefixReportReq(req_id=next(self._ctrl_ids), input_ids=ids, extra_key=extra_key))
+        if not reply.ok:
+            raise RuntimeError(reply.message)
+        return report_text(reply.data, self._decode_window)
+
+    def _decode_window(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False)) if ids else ""
 
     async def get_server_info(self) -> dict[str, Any]:
         """The configuration, the scheduler's start-up info and its live stats. When the scheduler
@@ -558,6 +571,8 @@ class TokenizerManager:
             st.meta["cached_tokens_details"] = out.cached_tokens_details
         if out.spec:
             st.meta.update(out.spec)
+        if out.prefix_report is not None:
+            st.meta["prefix_report"] = report_text(out.prefix_report, self._decode_window)
         if out.finished is not None:
             st.meta["finish_reason"] = out.finished
             st.finished = True
@@ -597,7 +612,7 @@ class TokenizerManager:
             "num_retractions": st.meta.get("num_retractions", 0),
             "e2e_latency": time.perf_counter() - st.created,
         }
-        for k in ("cached_tokens_details", "spec_accept_length", "spec_accept_rate", "spec_verify_ct"):
+        for k in ("cached_tokens_details", "spec_accept_length", "spec_accept_rate", "spec_verify_ct", "prefix_report"):
             if k in st.meta:
                 meta[k] = st.meta[k]
         if st.return_logprob:

@@ -25,3 +25,4 @@ class GenerateRequest:
     priority: int | None = None
     extra_key: str | None = None
     stream: bool = False
+    return_prefix_report: bool = False  # meta_info.prefix_report (runtime/cache/prefix_walk.py)

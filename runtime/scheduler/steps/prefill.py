@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.host_copy import to_device
+from phloem.runtime.scheduler.admission_report import prefix_report
 from phloem.runtime.scheduler.batch import ScheduledBatch
 from phloem.runtime.scheduler.policy import order_waiting, should_defer_sibling
 from phloem.runtime.scheduler.prefill_adder import AddResult, PrefillAdder
@@ -142,6 +143,10 @@ class PrefillStep:
             req.cached_tokens_details = s.cache.record_hit(req.match)
             s.stats.prompt_tokens += req.prompt_len
             s.stats.cached_tokens += min(req.prefix_len, req.prompt_len)
+            if req.return_prefix_report:
+                req.prefix_report = prefix_report(
+                    s.cache.tree, req.origin_input_ids, extra_key=req.extra_key, cached_tokens=req.cached_tokens
+                )
         return AddResult.ADDED
 
     def match(self, req: Req) -> int:
