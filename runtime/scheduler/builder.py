@@ -135,6 +135,16 @@ def _join_tp_group(args: EngineArgs) -> tuple[EngineArgs, Any]:
     return args, tp
 
 
+def cpu_threads_per_rank(args: EngineArgs) -> int | None:
+    """``--cpu-threads``, or with CPU tensor parallelism an equal share of this node's cores per rank:
+    ranks that oversubscribe the cores wait in every all-reduce for a descheduled partner."""
+    if args.cpu_threads is not None or args.tp_size == 1:
+        return args.cpu_threads
+    import os
+
+    return max(1, (os.cpu_count() or 1) // (args.tp_size // args.nnodes))
+
+
 def model_runner(args: EngineArgs, source: Any) -> Any:
     """The model runner ``args`` describe (every tensor-parallel rank builds its own)."""
     from phloem.runtime.executor.model_runner import ModelRunner
@@ -151,7 +161,7 @@ def model_runner(args: EngineArgs, source: Any) -> Any:
         seed=args.random_seed,
         deterministic=args.enable_deterministic_inference,
         quantization=None if args.quantization == "none" else args.quantization,
-        cpu_threads=args.cpu_threads,
+        cpu_threads=cpu_threads_per_rank(args),
         cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
         kv_cache_dtype=args.kv_cache_dtype,
         gemm_library=args.gemm_library,

@@ -106,3 +106,16 @@ def test_parallel_flags_are_checked(changes: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         check_parallel(EngineArgs(**changes))
     check_parallel(EngineArgs(tp_size=4, nnodes=2, node_rank=1, dist_init_addr="10.0.0.1:29500"))
+
+
+def test_cpu_ranks_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from phloem.runtime.scheduler.builder import cpu_threads_per_rank
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert cpu_threads_per_rank(EngineArgs()) is None  # one rank: every core (the runner's default)
+    assert cpu_threads_per_rank(EngineArgs(tp_size=4)) == 4
+    assert cpu_threads_per_rank(EngineArgs(tp_size=4, nnodes=2, dist_init_addr="h:1")) == 8
+    assert cpu_threads_per_rank(EngineArgs(tp_size=32)) == 1
+    assert cpu_threads_per_rank(EngineArgs(tp_size=4, cpu_threads=3)) == 3  # the flag wins
