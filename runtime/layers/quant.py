@@ -45,6 +45,7 @@ from torch import nn
 __all__ = [
     "QUANTIZATION_SCHEMES",
     "Q4Weight",
+    "QuantizedWeight",
     "Q8Weight",
     "kernels_available",
     "quantize_model",
@@ -53,7 +54,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_SCHEMES = ("none", "int8", "int4")
+# ``gguf`` (int8 activations on the file's own blocks) lives in :mod:`phloem.runtime.layers.qdot`;
+# ``auto`` picks it on the CPU for a quantized GGUF (``model_runner``)
+QUANTIZATION_SCHEMES = ("none", "int8", "int4", "gguf")
 BLOCK = 32
 DENSE_MIN_ROWS = 32  # from this many activation rows on, dequantize and use F.linear
 
@@ -186,6 +189,7 @@ class Q8Weight(_QuantWeight):
 
 
 QuantWeight = Q4Weight | Q8Weight
+QuantizedWeight = _QuantWeight  # what a layer's ``set_quantized`` takes: any of this module's or qdot's
 
 
 def quantize_model(
@@ -202,7 +206,7 @@ def quantize_model(
     from phloem.runtime.layers.linear import Linear, MergedLinear
 
     if scheme not in ("int4", "int8"):
-        raise ValueError(f"unknown quantization {scheme!r}; expected one of {QUANTIZATION_SCHEMES}")
+        raise ValueError(f"unknown quantization {scheme!r}; expected int4 or int8 (gguf: qdot)")
     blocks = q4_blocks or {}
     for name, module in model.named_modules():
         if isinstance(module, Linear):
