@@ -40,7 +40,11 @@ class EngineArgs:
     context_length: int | None = _opt(None, "override the model's context length")
     served_model_name: str | None = _opt(None, "model name reported by the API")
     random_seed: int = _opt(0, "seed for weights of dummy models and unseeded sampling")
-    attention_backend: str = _opt("auto", "attention kernels", ("auto", "torch_ref", "triton", "flashinfer"))
+    attention_backend: str = _opt(
+        "auto",
+        "attention kernels (auto: triton on CUDA, cpu on the CPU)",
+        ("auto", "cpu", "torch_ref", "triton", "flashinfer"),
+    )
     gemm_library: str = _opt(
         "auto", "library of the dense matmuls on CUDA (auto: cuBLASLt for hidden sizes >= 4096, "
         "else torch's default, cuBLAS)", ("auto", "cublas", "cublaslt"),

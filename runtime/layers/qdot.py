@@ -24,9 +24,6 @@ table is ``tests/unit/test_qdot_agreement.py``).
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from typing import Any, TypeAlias
 
 import torch
@@ -49,13 +46,9 @@ __all__ = [
     "supported_isas",
 ]
 
-logger = logging.getLogger(__name__)
-
 TILE = 8  # output rows per packed tile
 Q4_RECORD, Q8_RECORD = 160, 272  # bytes per tile and block of 32 (quants + float16 scales)
 
-_built: dict[str, Any] = {}  # isa -> extension module, or None where the build failed
-_lock = threading.Lock()
 ISAS = ("avx512vnni", "avx2")
 _ISA_FLAGS = {
     "avx2": [],
@@ -75,21 +68,11 @@ def supported_isas() -> list[str]:
 
 
 def build_kernels(isa: str) -> Any:
-    """The extension built for ``isa`` (``torch.utils.cpp_extension``, cached on disk by torch),
-    or ``None`` where it cannot be built here."""
-    with _lock:
-        if isa in _built:
-            return _built[isa]
-        _built[isa] = None
-        flags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", *_ISA_FLAGS[isa]]
-        try:
-            from torch.utils.cpp_extension import load
+    """The extension built for ``isa``, or ``None`` where it cannot be built here."""
+    from phloem.runtime.layers.cpu_build import build_extension
 
-            source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "qdot_kernels.cpp")
-            _built[isa] = load(f"phloem_qdot_{isa}", [source], extra_cflags=flags, extra_ldflags=["-fopenmp"])
-        except Exception as exc:  # no compiler, no ninja, ...
-            logger.warning("integer-dot CPU kernels (%s) unavailable: %s", isa, exc)
-        return _built[isa]
+    flags = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", *_ISA_FLAGS[isa]]
+    return build_extension(f"phloem_qdot_{isa}", "qdot_kernels.cpp", flags)
 
 
 _chosen: list[Any] = []  # [module or None] once decided (read at every matmul, so kept cheap)
