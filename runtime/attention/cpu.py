@@ -17,25 +17,12 @@ import torch
 from phloem.runtime.attention.base import QKNorm
 from phloem.runtime.attention.torch_ref import TorchRefBackend
 from phloem.runtime.forward_io import ForwardMode
+from phloem.runtime.layers.cpu_ops import cpu_kernels
 
 if TYPE_CHECKING:
     from phloem.runtime.forward_io import ForwardInput
 
-__all__ = ["CpuBackend", "decode_kernels"]
-
-
-def decode_kernels() -> Any:
-    """The compiled decode extension, or ``None`` (no AVX2, no compiler, switched off)."""
-    from phloem.runtime import switches
-    from phloem.runtime.layers.cpu_build import build_extension
-
-    if switches.DISABLE_CPU_DECODE_KERNEL.flag() or torch.backends.cpu.get_cpu_capability() not in (
-        "AVX2",
-        "AVX512",
-    ):
-        return None
-    flags = ["-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp"]
-    return build_extension("phloem_cpu_decode", "cpu_decode_kernels.cpp", flags)
+__all__ = ["CpuBackend"]
 
 
 class CpuBackend(TorchRefBackend):
@@ -43,7 +30,7 @@ class CpuBackend(TorchRefBackend):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._kernels: Any = decode_kernels() if self.kv_pool.dtype == torch.float32 else None
+        self._kernels: Any = cpu_kernels() if self.kv_pool.dtype == torch.float32 else None
         self._fast = False
 
     def init_metadata(self, forward_input: ForwardInput) -> None:

@@ -1,5 +1,8 @@
-// One decode attention layer on the CPU in one call (see runtime/attention/cpu.py).
+// CPU decode-step kernels: one decode attention layer in one call (runtime/attention/cpu.py),
+// and RMSNorm with its residual add (runtime/layers/rmsnorm.py), each replacing several torch ops
+// whose per-op cost dominates a small model's decode step.
 //
+// Attention:
 // For each request b (one new token):
 //   1. RoPE (rotate-half) on q[b] and k[b], in the float order of rotary.rope_ref:
 //        out1 = x1 * cos - x2 * sin,  out2 = x2 * cos + x1 * sin
@@ -134,9 +137,51 @@ torch::Tensor decode_attention(torch::Tensor q, torch::Tensor k, torch::Tensor v
   return out;
 }
 
+// out[m] = r[m] * (1 / sqrt(mean(r[m]^2) + eps)) * w, with r = x (+ residual, written back to
+// new_residual). The sum of squares runs in 8 float lanes, one row per call: rows do not depend
+// on each other (batch invariant).
+std::vector<torch::Tensor> rms_norm_impl(const torch::Tensor& x, const torch::Tensor* residual,
+                                         const torch::Tensor& w, double eps) {
+  TORCH_CHECK(x.dtype() == torch::kFloat32 && x.dim() == 2 && x.stride(1) == 1, "x must be float32 [M, H]");
+  const int64_t M = x.size(0), H = x.size(1);
+  TORCH_CHECK(w.dtype() == torch::kFloat32 && w.is_contiguous() && w.numel() == H, "weight must be float32 [H]");
+  auto out = torch::empty({M, H}, x.options());
+  torch::Tensor sum;
+  const float* wp = w.data_ptr<float>();
+  if (residual != nullptr) {
+    TORCH_CHECK(residual->dtype() == torch::kFloat32 && residual->sizes() == x.sizes() && residual->stride(1) == 1,
+                "residual must be float32 like x");
+    sum = torch::empty({M, H}, x.options());
+  }
+  for (int64_t m = 0; m < M; ++m) {
+    const float* xr = x.data_ptr<float>() + m * x.stride(0);
+    const float* src = xr;
+    if (residual != nullptr) {
+      const float* rr = residual->data_ptr<float>() + m * residual->stride(0);
+      float* sr = sum.data_ptr<float>() + m * H;
+      for (int64_t i = 0; i < H; ++i) sr[i] = xr[i] + rr[i];
+      src = sr;
+    }
+    const float ss = dot(src, src, H);
+    const float inv = 1.0f / std::sqrt(ss / static_cast<float>(H) + static_cast<float>(eps));
+    float* o = out.data_ptr<float>() + m * H;
+    for (int64_t i = 0; i < H; ++i) o[i] = src[i] * inv * wp[i];
+  }
+  if (residual != nullptr) return {out, sum};
+  return {out};
+}
+
+torch::Tensor rms_norm(torch::Tensor x, torch::Tensor w, double eps) { return rms_norm_impl(x, nullptr, w, eps)[0]; }
+
+std::vector<torch::Tensor> add_rms_norm(torch::Tensor x, torch::Tensor residual, torch::Tensor w, double eps) {
+  return rms_norm_impl(x, &residual, w, eps);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention,
         "RoPE, pool write and paged decode attention of one layer (float32 pool)");
+  m.def("rms_norm", &rms_norm, "RMSNorm of float32 rows [M, H]");
+  m.def("add_rms_norm", &add_rms_norm, "(RMSNorm(x + residual), x + residual) of float32 rows [M, H]");
 }

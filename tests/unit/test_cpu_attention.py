@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 import torch
 from phloem.runtime.attention.base import QKNorm
-from phloem.runtime.attention.cpu import CpuBackend, decode_kernels
+from phloem.runtime.attention.cpu import CpuBackend
 from phloem.runtime.attention.torch_ref import TorchRefBackend
 from phloem.runtime.forward_io import ForwardMode
+from phloem.runtime.layers.cpu_ops import cpu_kernels
 from phloem.runtime.layers.rotary import RotaryEmbedding
 
 from tests.unit.test_attention_torch_ref import HQ, make_batch
 
-pytestmark = pytest.mark.skipif(decode_kernels() is None, reason="no AVX2 or no compiler")
+pytestmark = pytest.mark.skipif(cpu_kernels() is None, reason="no AVX2 or no compiler")
 
 DECODES = {"one": [40], "four": [3, 17, 1, 40], "long": [120, 2]}
 
