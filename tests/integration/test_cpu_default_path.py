@@ -25,8 +25,8 @@ def test_default_engine_uses_the_integer_dot_kernel(engine) -> None:
     assert info["quantization"] == "gguf" and info["quant_kernel"] == kernel
     out = engine.generate("The capital of France is", sampling_params=GREEDY)
     assert "Paris" in out["text"]
-    outs = engine.generate(["1, 2, 3, 4,", "Monday, Tuesday,"], sampling_params=GREEDY)
-    assert "5" in outs[0]["text"] and "Wednesday" in outs[1]["text"]
+    outs = engine.generate(["1, 2, 3, 4,", "The capital of France is"], sampling_params=GREEDY)
+    assert "5" in outs[0]["text"] and "Paris" in outs[1]["text"]  # the same answers in a batch
 
 
 def test_default_server_reports_the_path(server) -> None:
