@@ -2,8 +2,9 @@
 
 Loads every engine once, then measures them in interleaved rounds (A B C A B C ...) with the same
 thread count and keeps each figure's best round, so a busy shared machine slows all of them alike.
-Prints prefill tok/s for a 512-token prompt and decode tok/s at batch 1 and 8 for phloem
-(float32, bfloat16, int4, int8, float32 deterministic) and transformers ``generate`` (float32), each
+Prints prefill tok/s for a 512-token prompt and decode tok/s at batch 1, 8 and 32 for phloem
+(float32, bfloat16, int4, int8, gguf: the CPU default, on the GGUF's own blocks with int8
+activations; float32 deterministic) and transformers ``generate`` (float32), each
 next to its floor (weight bytes one decode step reads / memory bandwidth, measured with a large
 tensor copy) and the ratios. Writes ``benchmarks/results/cpu/cpu_model.json``.
 
@@ -30,6 +31,8 @@ VARIANTS = {  # row name -> ModelRunner keywords
     "phloem bf16": {"dtype": "bfloat16"},
     "phloem int4": {"dtype": "float32", "quantization": "int4"},
     "phloem int8": {"dtype": "float32", "quantization": "int8"},
+    "phloem gguf": {"dtype": "float32", "quantization": "gguf"},
+    "phloem gguf ref-attention": {"dtype": "float32", "quantization": "gguf", "attention_backend": "torch_ref"},
     "phloem fp32 deterministic": {"dtype": "float32", "deterministic": True},
 }
 HF = "transformers fp32"
@@ -64,7 +67,7 @@ def make_prompt(n: int) -> list[int]:
 class PhloemBench:
     def __init__(self, threads: int, **kw: object) -> None:
         self.runner = ModelRunner(resolve_model(None), device="cpu", max_total_tokens=16384,
-                                  max_running_requests=16, sampler=argmax_sampler, cpu_threads=threads,
+                                  max_running_requests=40, sampler=argmax_sampler, cpu_threads=threads,
                                   **kw)  # type: ignore[arg-type]  # fmt: skip
         self.batcher = DirectBatcher(self.runner)
 
@@ -154,7 +157,7 @@ def main() -> None:
         for name, eng in engines.items():
             eng.prefill(prompt[:32])  # warm-up
             got = {"prefill": eng.prefill(prompt), "b1": eng.decode(1, args.decode_steps),
-                   "b8": eng.decode(8, args.decode_steps)}  # fmt: skip
+                   "b8": eng.decode(8, args.decode_steps), "b32": eng.decode(32, args.decode_steps)}  # fmt: skip
             for key, seconds in got.items():
                 best[name][key] = min(best[name].get(key, float("inf")), seconds)
 
@@ -168,6 +171,8 @@ def main() -> None:
             "prefill_tok_s": args.prompt_len / s["prefill"],
             "decode_b1_tok_s": 1 / s["b1"],
             "decode_b8_tok_s": 8 / s["b8"],
+            "decode_b32_tok_s": 32 / s["b32"],
+            "itl_b1_ms": 1e3 * s["b1"],
             "decode_weight_bytes": step_bytes,
             "floor_b1_tok_s": 1 / floor,
             "b1_over_floor": floor / s["b1"],
@@ -179,10 +184,12 @@ def main() -> None:
 
     load = os.getloadavg()
     print(f"threads={threads} bandwidth={bandwidth / 1e9:.1f} GB/s load average={load[0]:.1f}")
-    head = ["prefill tok/s", "b1 tok/s", "b8 tok/s", "MB/step", "floor b1", "b1/floor", "b1/HF", "b8/HF"]
+    head = ["prefill tok/s", "b1 ITL ms", "b1 tok/s", "b8 tok/s", "b32 tok/s", "MB/step", "floor b1", "b1/floor",
+            "b1/HF", "b8/HF"]  # fmt: skip
     print(f"{'':26s}" + "".join(f"{h:>14s}" for h in head))
     for name, r in rows.items():
-        cells = [r["prefill_tok_s"], r["decode_b1_tok_s"], r["decode_b8_tok_s"], r["decode_weight_bytes"] / 1e6,
+        cells = [r["prefill_tok_s"], r["itl_b1_ms"], r["decode_b1_tok_s"], r["decode_b8_tok_s"], r["decode_b32_tok_s"],
+                 r["decode_weight_bytes"] / 1e6,
                  r["floor_b1_tok_s"], r["b1_over_floor"], r.get("b1_over_hf", float("nan")),
                  r.get("b8_over_hf", float("nan"))]  # fmt: skip
         print(f"{name:26s}" + "".join(f"{c:14.2f}" for c in cells))

@@ -40,12 +40,20 @@ class EngineArgs:
     context_length: int | None = _opt(None, "override the model's context length")
     served_model_name: str | None = _opt(None, "model name reported by the API")
     random_seed: int = _opt(0, "seed for weights of dummy models and unseeded sampling")
-    attention_backend: str = _opt("auto", "attention kernels", ("auto", "torch_ref", "triton", "flashinfer"))
+    attention_backend: str = _opt(
+        "auto",
+        "attention kernels (auto: triton on CUDA, cpu on the CPU)",
+        ("auto", "cpu", "torch_ref", "triton", "flashinfer"),
+    )
     gemm_library: str = _opt(
         "auto", "library of the dense matmuls on CUDA (auto: cuBLASLt for hidden sizes >= 4096, "
         "else torch's default, cuBLAS)", ("auto", "cublas", "cublaslt"),
     )  # fmt: skip
-    quantization: str = _opt("none", "weight-only quantized linear layers on CPU", ("none", "int8", "int4"))
+    quantization: str = _opt(
+        "auto", "quantized linear layers on CPU: gguf computes on a GGUF's own blocks with int8 activations; "
+        "int8/int4 are weight-only (float activations); auto: gguf on the CPU for a Q4_1/Q8_0 GGUF, else none",
+        ("auto", "none", "gguf", "int8", "int4"),
+    )  # fmt: skip
     cpu_threads: int | None = _opt(None, "torch threads of the model on CPU (default: all cores)")
     cuda_graph_max_bs: int = _opt(256, "largest decode batch captured as a CUDA graph")
     disable_cuda_graph: bool = _opt(False, "run decode eagerly on CUDA")

@@ -78,6 +78,9 @@ DISABLE_CPU_WEIGHT_MAJOR = Switch(
 DISABLE_QUANT_KERNELS = Switch(
     "PHLOEM_DISABLE_QUANT_KERNELS", bool, False, "quantized CPU layers dequantize then matmul (no C++ build)"
 )
+DISABLE_CPU_DECODE_KERNEL = Switch(
+    "PHLOEM_DISABLE_CPU_DECODE_KERNEL", bool, False, "CPU decode attention takes the torch reference path"
+)
 PDL = Switch("PHLOEM_PDL", bool, True, "programmatic dependent launch for decode kernels (Hopper and later)")
 # ---- attention
 DECODE_ROPE = Switch("PHLOEM_DECODE_ROPE", bool, True, "the decode attention kernel applies RoPE and writes new K/V")

@@ -15,19 +15,20 @@ __all__ = ["ATTENTION_BACKENDS", "get_attention_backend_class", "resolve_attenti
 # name -> "module:Class" under phloem.runtime.attention
 ATTENTION_BACKENDS: dict[str, str] = {
     "torch_ref": "torch_ref:TorchRefBackend",
+    "cpu": "cpu:CpuBackend",
     "triton": "triton:TritonBackend",
     "flashinfer": "flashinfer:FlashInferBackend",
 }
 
 
 def resolve_attention_backend(name: str, device: torch.device | str) -> str:
-    """Turn ``auto`` into a concrete name: ``torch_ref`` on CPU, the first importable GPU one on CUDA."""
+    """Turn ``auto`` into a concrete name: ``cpu`` on CPU, the first importable GPU one on CUDA."""
     if name != "auto":
         if name not in ATTENTION_BACKENDS:
             raise ValueError(f"unknown attention backend {name!r}; known: {sorted(ATTENTION_BACKENDS)}")
         return name
     if torch.device(device).type != "cuda":
-        return "torch_ref"
+        return "cpu"
     for candidate in ("triton", "torch_ref"):
         try:
             get_attention_backend_class(candidate)

@@ -14,7 +14,10 @@ Two load-time switches change the kernels, never the loop:
 - ``deterministic``: batch-invariant linear layers (fixed 16-row matmul tiles) and attention (one
   float32 call per query row, :mod:`phloem.runtime.attention.batch_invariant`); a request's logits
   are then bit-identical whatever batch it runs in and whether its prefix came from the cache.
-- ``quantization``: ``int4`` / ``int8`` weight-only CPU layers (:mod:`phloem.runtime.layers.quant`).
+- ``quantization``: ``int4`` / ``int8`` weight-only CPU layers (:mod:`phloem.runtime.layers.quant`),
+  or ``gguf``: integer dot products on a GGUF's own blocks with int8 activations
+  (:mod:`phloem.runtime.layers.qdot`). ``auto`` (the engine's default) takes ``gguf`` on the CPU
+  for a float32 model from a GGUF whose quantized tensors are all Q4_1 / Q8_0, else ``none``.
 
 Under tensor parallelism (built in a process where ``distributed.state.init_tp`` ran) the runner
 holds this rank's share: the model's layers split themselves (``models/llama.py``), the checkpoint
@@ -120,6 +123,9 @@ class ModelRunner:
     quantization:
         ``None``/``"none"``, ``"int4"`` or ``"int8"``: weight-only quantized CPU linear layers (see
         :mod:`phloem.runtime.layers.quant`); ``int4`` takes a Q4_1 GGUF's blocks as they are.
+        ``"gguf"``: every projection and the LM head on the GGUF's own Q4_1 / Q8_0 blocks with int8
+        activations (:mod:`phloem.runtime.layers.qdot`). ``"auto"``: ``gguf`` where it applies
+        (CPU, float32, a GGUF quantized only in those types, the kernel builds), else ``none``.
     cpu_threads:
         torch intra-op threads on CPU (default: every core, ``os.cpu_count()``).
     kv_cache_dtype:
@@ -156,7 +162,9 @@ class ModelRunner:
         self.dtype = _resolve_dtype(dtype, self.device)
         self.kv_dtype = _resolve_kv_dtype(kv_cache_dtype, self.dtype)
         self.deterministic = deterministic
-        self.quantization = _resolve_quantization(quantization, self.device)
+        self.quantization = _resolve_quantization(
+            quantization, self.device, model_source, self.dtype, tp_size=self.tp.size
+        )
         if self.device.type == "cpu":
             torch.set_num_threads(cpu_threads or os.cpu_count() or 1)
         self.model_source = model_source  # what the weights now in the model came from
@@ -202,10 +210,10 @@ class ModelRunner:
         logger.info(
             "model runner ready in %.1f s: model=%s (%s) dtype=%s kv_dtype=%s device=%s attention=%s "
             "max_total_num_tokens=%d max_running_requests=%d context_len=%d deterministic=%s "
-            "quantization=%s threads=%d gemm=%s",
+            "quantization=%s quant_kernel=%s threads=%d gemm=%s",
             time.perf_counter() - started, model_source.path, model_source.kind, self.dtype, self.kv_dtype,
             self.device, backend_name, self.max_total_num_tokens, self.max_running_requests, self.context_len,
-            deterministic, self.quantization, torch.get_num_threads(), self.gemm_library,
+            deterministic, self.quantization, self.quant_kernel, torch.get_num_threads(), self.gemm_library,
         )  # fmt: skip
 
     # ---- construction -------------------------------------------------------------------------
@@ -229,6 +237,11 @@ class ModelRunner:
         """Quantize ``model``'s linear layers as ``quantization`` says (``int4`` takes a Q4_1
         GGUF's blocks as they are)."""
         if self.quantization is None:
+            return
+        if self.quantization == "gguf":
+            from phloem.runtime.layers.qdot import quantize_model_gguf
+
+            quantize_model_gguf(model, _gguf_blocks(source, self.model_config))
             return
         from phloem.runtime.layers.quant import quantize_model
 
@@ -361,6 +374,15 @@ class ModelRunner:
             elif isinstance(m, LMHead) and m.tied_to is not None and m.quant is None:
                 total += m.full_weight.numel() * m.full_weight.element_size()
         return total
+
+    @property
+    def quant_kernel(self) -> str | None:
+        """The instruction set of the integer-dot kernel in use (``gguf``), else ``None``."""
+        if self.quantization != "gguf":
+            return None
+        from phloem.runtime.layers.qdot import kernels_isa
+
+        return kernels_isa() or "torch reference"
 
     @property
     def sampler(self) -> SamplerFn:
@@ -672,16 +694,53 @@ def _resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def _resolve_quantization(quantization: str | None, device: torch.device) -> str | None:
+def _resolve_quantization(
+    quantization: str | None, device: torch.device, source: ModelSource, dtype: torch.dtype, *, tp_size: int = 1
+) -> str | None:
     if quantization in (None, "none"):
         return None
     from phloem.runtime.layers.quant import QUANTIZATION_SCHEMES
 
+    if quantization == "auto":  # (the integer-dot path reads whole tensors' blocks: one rank only)
+        return "gguf" if tp_size == 1 and _gguf_blocks_apply(device, source, dtype) else None
+    if quantization == "gguf" and tp_size > 1:
+        raise ValueError("--quantization gguf is not available with --tp-size above 1 (int4 and int8 are)")
     if quantization not in QUANTIZATION_SCHEMES:
-        raise ValueError(f"unknown quantization {quantization!r}; expected one of {QUANTIZATION_SCHEMES}")
+        raise ValueError(
+            f"unknown quantization {quantization!r}; expected auto or one of {QUANTIZATION_SCHEMES}"
+        )
     if device.type != "cpu":
         raise ValueError(f"quantization {quantization!r} is a CPU path; the device is {device}")
+    if quantization == "gguf" and source.kind != "gguf":
+        raise ValueError(f"quantization 'gguf' computes on a GGUF file's blocks; the model is {source.kind}")
     return quantization
+
+
+_GGUF_KERNEL_TYPES = frozenset({"Q4_1", "Q8_0"})  # the block types the integer-dot kernel reads
+
+
+def _gguf_blocks_apply(device: torch.device, source: ModelSource, dtype: torch.dtype) -> bool:
+    """Whether ``auto`` takes the integer-dot path: a float32 CPU model from a GGUF whose quantized
+    tensors are all of the kernel's types, on a machine where the kernel builds."""
+    if device.type != "cpu" or dtype != torch.float32 or source.kind != "gguf":
+        return False
+    from phloem.runtime.executor.weights_gguf import gguf_block_types
+    from phloem.runtime.layers.qdot import kernels_isa
+
+    types = gguf_block_types(source.path)
+    return bool(types) and types <= _GGUF_KERNEL_TYPES and kernels_isa() is not None
+
+
+def _gguf_blocks(source: ModelSource, cfg: ModelConfig) -> dict[str, Any]:
+    """Checkpoint name -> the GGUF's Q4_1 / Q8_0 blocks (none for another source)."""
+    if source.kind != "gguf":
+        return {}
+    from phloem.runtime.executor.weights_gguf import load_gguf_q4_blocks, load_gguf_q8_blocks
+    from phloem.runtime.layers.quant import Q4Weight, Q8Weight
+
+    blocks: dict[str, Any] = {k: Q4Weight(*v) for k, v in load_gguf_q4_blocks(source.path, cfg).items()}
+    blocks.update({k: Q8Weight(*v) for k, v in load_gguf_q8_blocks(source.path, cfg).items()})
+    return blocks
 
 
 def _make_batch_invariant(model: nn.Module) -> None:
@@ -697,9 +756,9 @@ def _make_batch_invariant(model: nn.Module) -> None:
 
 
 def _quant_bytes(module: nn.Module) -> int:
-    from phloem.runtime.layers.quant import Q4Weight, Q8Weight
+    from phloem.runtime.layers.quant import QuantizedWeight
 
-    if not isinstance(module, (Q4Weight, Q8Weight)):
+    if not isinstance(module, QuantizedWeight):
         return 0
     return sum(b.numel() * b.element_size() for b in module.buffers(recurse=False))
 

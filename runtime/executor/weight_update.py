@@ -104,11 +104,11 @@ def _same(a: Any, b: Any) -> bool:
 def model_tensors(model: nn.Module) -> dict[str, torch.Tensor]:
     """Every tensor an update may write, by name: the parameters and the quantized layers' blocks
     (``...quant.qs`` and so on). Constant buffers (RoPE tables) are left out."""
-    from phloem.runtime.layers.quant import Q4Weight, Q8Weight
+    from phloem.runtime.layers.quant import QuantizedWeight
 
     out: dict[str, torch.Tensor] = dict(model.named_parameters())
     for prefix, module in model.named_modules():
-        if isinstance(module, (Q4Weight, Q8Weight)):
+        if isinstance(module, QuantizedWeight):
             for name, buf in module.named_buffers(recurse=False):
                 out[f"{prefix}.{name}"] = buf
     return out

@@ -25,10 +25,12 @@ from phloem.runtime.model_files import GGUFFile, GGUFTensorInfo, gguf_cache_dir,
 from phloem.runtime.models.config import ModelConfig
 
 __all__ = [
+    "Q4Blocks",
+    "gguf_block_types",
     "gguf_config",
     "gguf_model_config",
-    "Q4Blocks",
     "load_gguf_q4_blocks",
+    "load_gguf_q8_blocks",
     "load_gguf_slices",
     "load_gguf_weights",
     "unpermute_rope_rows",
@@ -232,6 +234,45 @@ class Q4Blocks:
         if heads:
             return tuple(unpermute_rope_rows(t, heads).contiguous() for t in (qs, d, m))  # type: ignore[return-value]
         return qs, d, m
+
+
+def load_gguf_q8_blocks(path: str, cfg: ModelConfig) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """The Q8_0 tensors of a GGUF file as raw blocks, by Hugging Face name (no dequantization).
+
+    A Q8_0 block of 32 weights is ``d: f16, qs: 32 x int8``. Returns ``name -> (qs int8 [N, K],
+    d float32 [N, K/32])`` with Q/K rows in Hugging Face order, as :func:`load_gguf_weights` gives.
+    """
+    from gguf import GGMLQuantizationType
+
+    g = read_gguf(path)
+    data = np.memmap(g.path, dtype=np.uint8, mode="r")
+    heads = {"self_attn.q_proj": cfg.num_heads, "self_attn.k_proj": cfg.num_kv_heads}
+    out = {}
+    for info in g.tensors:
+        name = hf_name(info.name)
+        if name is None or info.ggml_type != GGMLQuantizationType.Q8_0 or len(info.shape) != 2:
+            continue
+        rows, k = info.shape
+        raw = np.array(data[info.offset : info.offset + rows * (k // 32) * 34]).reshape(rows, k // 32, 34)
+        d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
+        qs = torch.from_numpy(raw[..., 2:].reshape(rows, k).copy().view(np.int8))
+        proj = name.rsplit(".", 1)[0].split(".", 3)[-1]
+        if cfg.arch == "llama" and proj in heads:
+            qs, d = (unpermute_rope_rows(t, heads[proj]).contiguous() for t in (qs, d))
+        out[name] = (qs, d)
+    return out
+
+
+def gguf_block_types(path: str) -> set[str]:
+    """Names of the quantized types (``Q4_1``, ``Q8_0``, ...) of a GGUF's 2-D model tensors."""
+    from gguf import GGMLQuantizationType
+
+    plain = {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+    return {
+        GGMLQuantizationType(t.ggml_type).name
+        for t in read_gguf(path).tensors
+        if hf_name(t.name) is not None and len(t.shape) == 2 and t.ggml_type not in plain
+    }
 
 
 def _dequantize(data: np.ndarray, info: GGUFTensorInfo) -> np.ndarray:

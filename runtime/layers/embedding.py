@@ -23,7 +23,7 @@ from phloem.runtime.layers.linear import linear_rows
 from torch import nn
 
 if TYPE_CHECKING:
-    from phloem.runtime.layers.quant import Q8Weight
+    from phloem.runtime.layers.quant import QuantizedWeight
 
 __all__ = ["LMHead", "VocabEmbedding", "float_out_linear"]
 
@@ -91,7 +91,7 @@ class LMHead(nn.Module):
         local = self.rows.vocab_end - self.rows.vocab_start
         self.weight = None if tied_to is not None else nn.Parameter(torch.empty(local, hidden_size))
         self.row_tile = 0
-        self.quant: Q8Weight | None = None
+        self.quant: QuantizedWeight | None = None
 
     @property
     def full_weight(self) -> torch.Tensor:
@@ -101,7 +101,7 @@ class LMHead(nn.Module):
         assert weight is not None, "the LM head weight was quantized"
         return weight
 
-    def set_quantized(self, qweight: Q8Weight) -> None:
+    def set_quantized(self, qweight: QuantizedWeight) -> None:
         self.quant = qweight
         if self.tied_to is None:
             self.register_parameter("weight", None)

@@ -29,7 +29,7 @@ from phloem.runtime.layers.fusion import use_skinny
 from torch import nn
 
 if TYPE_CHECKING:
-    from phloem.runtime.layers.quant import Q4Weight, Q8Weight
+    from phloem.runtime.layers.quant import QuantizedWeight
 
 __all__ = [
     "BATCH_INVARIANT_ROW_TILE",
@@ -80,9 +80,9 @@ class Linear(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.row_tile = 0
-        self.quant: Q4Weight | Q8Weight | None = None
+        self.quant: QuantizedWeight | None = None
 
-    def set_quantized(self, qweight: Q4Weight | Q8Weight) -> None:
+    def set_quantized(self, qweight: QuantizedWeight) -> None:
         """Compute with ``qweight`` from now on; the float weight is released."""
         self.quant = qweight
         self.register_parameter("weight", None)

@@ -53,6 +53,7 @@ __all__ = [
     "QUANTIZATION_SCHEMES",
     "Q4Weight",
     "Q4Source",
+    "QuantizedWeight",
     "Q8Weight",
     "kernels_available",
     "quantize_model",
@@ -61,7 +62,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-QUANTIZATION_SCHEMES = ("none", "int8", "int4")
+# ``gguf`` (int8 activations on the file's own blocks) lives in :mod:`phloem.runtime.layers.qdot`;
+# ``auto`` picks it on the CPU for a quantized GGUF (``model_runner``)
+QUANTIZATION_SCHEMES = ("none", "int8", "int4", "gguf")
 BLOCK = 32
 DENSE_MIN_ROWS = 32  # from this many activation rows on, dequantize and use F.linear
 
@@ -195,6 +198,7 @@ class Q8Weight(_QuantWeight):
 
 QuantWeight = Q4Weight | Q8Weight
 Blocks = tuple[torch.Tensor, ...]  # Q4_1 ``(qs, d, m)`` of a whole tensor
+QuantizedWeight = _QuantWeight  # what a layer's ``set_quantized`` takes: any of this module's or qdot's
 
 
 class Q4Source(Protocol):
@@ -228,7 +232,7 @@ def quantize_model(model: nn.Module, scheme: str, *, q4_blocks: Mapping[str, Q4I
     from phloem.runtime.layers.linear import ColumnParallelLinear, Linear, MergedLinear, RowParallelLinear
 
     if scheme not in ("int4", "int8"):
-        raise ValueError(f"unknown quantization {scheme!r}; expected one of {QUANTIZATION_SCHEMES}")
+        raise ValueError(f"unknown quantization {scheme!r}; expected int4 or int8 (gguf: qdot)")
     blocks: Mapping[str, Q4Input] = q4_blocks or {}
     for name, module in model.named_modules():
         if isinstance(module, Linear):

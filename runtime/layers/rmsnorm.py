@@ -3,8 +3,10 @@
 With a residual the layer is the decoder's ``norm(x, residual)`` step: ``residual = x + residual``
 (in the activation dtype, as a plain ``x + residual`` would round it), then the norm of that sum;
 both are returned, so the next sub-layer's output is added to the running sum in the next call.
-On CUDA both cases are one fused kernel (:mod:`phloem.runtime.layers.fused_triton`); the torch
-functions here are the reference and the CPU path.
+On CUDA both cases are one fused kernel (:mod:`phloem.runtime.layers.fused_triton`); on the CPU,
+float32 rows take one C++ call (:mod:`phloem.runtime.layers.cpu_ops`: torch's RMSNorm is about ten
+ops, which cost more than the arithmetic at decode sizes). The torch functions here are the
+reference.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from typing import overload
 
 import torch
+from phloem.runtime.layers.cpu_ops import cpu_kernels, use_cpu_kernels
 from phloem.runtime.layers.fusion import use_fused
 from torch import nn
 
@@ -33,6 +36,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         from phloem.runtime.layers import fused_triton
 
         return fused_triton.rmsnorm(x, weight, eps)
+    if use_cpu_kernels(x) and weight.dtype == torch.float32:
+        return cpu_kernels().rms_norm(x, weight, eps)
     return rms_norm_ref(x, weight, eps)
 
 
@@ -66,4 +71,7 @@ class RMSNorm(nn.Module):
             from phloem.runtime.layers import fused_triton
 
             return fused_triton.add_rmsnorm(x, residual, self.weight, self.eps)
+        if use_cpu_kernels(x) and residual.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            out, total = cpu_kernels().add_rms_norm(x, residual, self.weight, self.eps)
+            return out, total
         return add_rms_norm_ref(x, residual, self.weight, self.eps)

@@ -241,6 +241,8 @@ def _server_info(args: EngineArgs, runner: Any, cfg: SchedulerConfig, hicache: A
         "device": str(runner.device),
         "attention_backend": runner.attention_backend_name,
         "gemm_library": runner.gemm_library,
+        "quantization": runner.quantization or "none",
+        "quant_kernel": runner.quant_kernel,
         "available_mem_gb": round(getattr(runner, "available_mem_bytes", 0) / 2**30, 2),
         "hicache_host_tokens": hicache.host_pool.size if hicache is not None else 0,
         "overlap_schedule": cfg.overlap,

@@ -16,6 +16,18 @@ def engine():
     eng.shutdown()
 
 
+@pytest.fixture(scope="session")
+def float_engine():
+    """An engine on exact float32 weights (``quantization="none"``): for tests that read or write
+    projection weights, or compare against a float32 forward. The default engine computes on the
+    GGUF's quantized blocks, whose float weights do not exist."""
+    from phloem import Engine
+
+    eng = Engine(quantization="none", log_level="warning")
+    yield eng
+    eng.shutdown()
+
+
 def pool_is_idle(info: dict) -> bool:
     live = info["live"]
     return live["available_tokens"] == live["max_total_num_tokens"] and live["num_running_reqs"] == 0
@@ -78,6 +90,15 @@ class ServerProcess:
 @pytest.fixture(scope="session")
 def server():
     srv = ServerProcess()
+    srv.wait_ready()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="session")
+def float_server():
+    """``server`` on exact float32 weights (see ``float_engine``)."""
+    srv = ServerProcess("--quantization", "none")
     srv.wait_ready()
     yield srv
     srv.stop()

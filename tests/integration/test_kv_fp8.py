@@ -1,6 +1,7 @@
 """``kv_cache_dtype="fp8_e4m3"`` on the default model: what fp8 KV storage costs in accuracy.
 
-One fp8 engine against the shared ``auto`` engine (float32 KV on the CPU), greedy, same prompts:
+One fp8 engine against a float32-KV engine, both on float32 weights (``quantization="none"``),
+greedy, same prompts:
 
 - every prompt's first generated token is the same (one may fall on the other side of a
   near-tie), and where fp8's own top choice differs it is within 0.1 nats of the auto token;
@@ -24,9 +25,16 @@ MAX_NEW_TOKENS = 8
 def fp8_engine():
     from phloem import Engine
 
-    eng = Engine(kv_cache_dtype="fp8_e4m3", log_level="warning")
+    eng = Engine(kv_cache_dtype="fp8_e4m3", quantization="none", log_level="warning")
     yield eng
     eng.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engine(float_engine):
+    """Float32 weights on both sides, so the comparison isolates the KV storage (the default CPU
+    path's int8 activations would add their own differences)."""
+    return float_engine
 
 
 def greedy(eng, prompts: list[list[int]]) -> list[list[int]]:

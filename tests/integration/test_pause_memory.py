@@ -22,6 +22,19 @@ SAMPLING = {"max_new_tokens": 48, "temperature": 0, "ignore_eos": True}
 SHORT = {"max_new_tokens": 8, "temperature": 0}
 
 
+@pytest.fixture(scope="module")
+def engine(float_engine):
+    """Exact float32 weights: these tests expect a retracted or re-prefilled request to continue
+    with the same greedy text, which int8 activations (the default CPU path) do not promise."""
+    return float_engine
+
+
+@pytest.fixture(scope="module")
+def server(float_server):
+    """Exact float32 weights (see ``engine``)."""
+    return float_server
+
+
 def post(url: str, path: str, body: dict) -> requests.Response:
     return requests.post(url + path, json=body, timeout=300)
 

@@ -26,6 +26,18 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
+def engine(float_engine):
+    """Exact float32 weights: these logprobs are checked against a float32 forward."""
+    return float_engine
+
+
+@pytest.fixture(scope="module")
+def server(float_server):
+    """Exact float32 weights: these logprobs are checked against a float32 forward."""
+    return float_server
+
+
+@pytest.fixture(scope="module")
 def reference():
     """``ids -> [len(ids), V]`` float32 logits of transformers' forward over the default GGUF."""
     from transformers import AutoModelForCausalLM

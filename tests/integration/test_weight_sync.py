@@ -25,6 +25,12 @@ GROUP = "trainer_sync"
 NAMES = ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight", "model.norm.weight")
 
 
+@pytest.fixture(scope="module")
+def server(float_server):
+    """Exact float32 weights: these tests read and broadcast projection weights."""
+    return float_server
+
+
 def post(srv: ServerProcess, path: str, body: dict) -> requests.Response:
     return requests.post(srv.url + path, json=body, timeout=600)
 

@@ -28,6 +28,12 @@ ATTENTION = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "input_
 MLP = ("mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
 
 
+@pytest.fixture(scope="module")
+def engine(float_engine):
+    """Exact float32 weights: these tests write projection weights and compare with a float32 server."""
+    return float_engine
+
+
 def perturbed(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """New values for layer 0 and the final norm: each tensor plus seeded noise of half its spread."""
     gen = torch.Generator().manual_seed(1234)

@@ -96,7 +96,7 @@ def test_decode_equals_extend_of_one_token() -> None:
 
 
 def test_registry_auto_on_cpu() -> None:
-    assert resolve_attention_backend("auto", "cpu") == "torch_ref"
+    assert resolve_attention_backend("auto", "cpu") == "cpu"
     with pytest.raises(ValueError):
         resolve_attention_backend("nope", "cpu")
 

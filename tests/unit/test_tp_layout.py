@@ -119,3 +119,15 @@ def test_cpu_ranks_share_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     assert cpu_threads_per_rank(EngineArgs(tp_size=4, nnodes=2, dist_init_addr="h:1")) == 8
     assert cpu_threads_per_rank(EngineArgs(tp_size=32)) == 1
     assert cpu_threads_per_rank(EngineArgs(tp_size=4, cpu_threads=3)) == 3  # the flag wins
+
+
+def test_tensor_parallel_ranks_compute_in_float_unless_told_int4_or_int8() -> None:
+    from phloem.runtime.executor.model_runner import _resolve_quantization
+    from phloem.runtime.model_files import resolve_model
+
+    source = resolve_model(None, "auto")  # the default GGUF: auto means its blocks on one rank
+    cpu = torch.device("cpu")
+    assert _resolve_quantization("auto", cpu, source, torch.float32, tp_size=3) is None
+    assert _resolve_quantization("int8", cpu, source, torch.float32, tp_size=3) == "int8"
+    with pytest.raises(ValueError, match="--quantization gguf is not available with --tp-size"):
+        _resolve_quantization("gguf", cpu, source, torch.float32, tp_size=3)
