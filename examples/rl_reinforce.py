@@ -88,7 +88,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     opt = torch.optim.Adam(params.values(), lr=args.lr)
     history: dict[str, Any] = {"rewards": [], "gaps": [], "updates": 0}
 
-    with Engine(log_level="warning") as engine:
+    # float32 weights: the trainer pushes float tensors, and compares its logprobs with the engine's
+    # (the CPU default computes on the GGUF's quantized blocks, which hold no float projections)
+    with Engine(log_level="warning", quantization="none") as engine:
         chat = [{"role": "user", "content": PROMPT}]
         tok = engine.tm.tokenizer
         prompt = tok.encode(tok.apply_chat_template(chat, add_generation_prompt=True))

@@ -161,14 +161,23 @@ def test_killing_a_worker_mid_run_fails_no_request_and_reports_it(dp):
     pid = _worker_pid(dp, victim)
     prompts = [f"Story {i}: the " + " ".join(WORDS[i:] + WORDS[:i]) for i in range(10)]
     with ThreadPoolExecutor(6) as pool:
-        futures = [pool.submit(generate, dp.url, p, {"temperature": 0, "max_new_tokens": 24}) for p in prompts]
-        time.sleep(1.0)
+        params = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
+        futures = [pool.submit(generate, dp.url, p, params) for p in prompts]
+        deadline = time.time() + 30  # kill the victim while it holds requests (decoding is fast)
+        while not next(w for w in workers(dp) if w["url"] == victim)["in_flight"]:
+            assert time.time() < deadline, "no request reached the victim"
+            time.sleep(0.02)
         subprocess.run(["kill", "-KILL", str(pid)], check=True)
         answers = [f.result() for f in futures]
     assert [r.status_code for r in answers] == [200] * len(prompts), [r.text for r in answers if r.status_code != 200]
     after = [generate(dp.url, "After the crash,") for _ in range(3)]
     assert all(r.status_code == 200 and r.headers["x-phloem-worker"] != victim for r in after)
+    # reported by the next health checks (every 2 s; out after 2 failed ones or a refused connection)
+    deadline = time.time() + 15
     state = {w["url"]: w for w in workers(dp)}
+    while state[victim]["healthy"] and time.time() < deadline:
+        time.sleep(0.5)
+        state = {w["url"]: w for w in workers(dp)}
     assert state[victim]["healthy"] is False and state[victim]["last_error"]
     metrics = requests.get(dp.url + "/metrics", timeout=10).text
     assert f'phloem_router_worker_healthy{{worker="{victim}"}} 0.0' in metrics
