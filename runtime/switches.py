@@ -81,6 +81,9 @@ DISABLE_QUANT_KERNELS = Switch(
 DISABLE_CPU_DECODE_KERNEL = Switch(
     "PHLOEM_DISABLE_CPU_DECODE_KERNEL", bool, False, "CPU decode attention takes the torch reference path"
 )
+DISABLE_CPU_DECODE_STEP = Switch(
+    "PHLOEM_DISABLE_CPU_DECODE_STEP", bool, False, "CPU decode runs layer by layer in Python, not in one C++ call"
+)
 PDL = Switch("PHLOEM_PDL", bool, True, "programmatic dependent launch for decode kernels (Hopper and later)")
 # ---- attention
 DECODE_ROPE = Switch("PHLOEM_DECODE_ROPE", bool, True, "the decode attention kernel applies RoPE and writes new K/V")

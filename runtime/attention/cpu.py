@@ -44,6 +44,14 @@ class CpuBackend(TorchRefBackend):
         self._req = fi.req_pool_indices
         self._seq_lens = fi.seq_lens
 
+    def decode_tables(self) -> tuple[torch.Tensor, ...] | None:
+        """``(out_slots, req_to_token, req_pool_indices, seq_lens)`` of this decode batch when every
+        layer can take the one-call decode (the whole-step path, ``models/cpu_decode.py``), else
+        ``None``."""
+        if not self._fast:
+            return None
+        return self.out_slots, self.req_to_token_pool.req_to_token, self._req, self._seq_lens
+
     def forward(
         self,
         q: torch.Tensor,
@@ -53,7 +61,13 @@ class CpuBackend(TorchRefBackend):
         cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
         qk_norm: QKNorm | None = None,
     ) -> torch.Tensor:
-        if not self._fast or cos_sin is None or qk_norm is not None or q.dtype != torch.float32:
+        if (
+            not self._fast
+            or cos_sin is None
+            or qk_norm is not None
+            or q.dtype != torch.float32
+            or q.shape[-1] % 8
+        ):
             if self._fast:  # a layer the kernel does not cover: plan the reference decode once
                 self._fast = False
                 super()._init_decode(self.req_to_token_pool.req_to_token[self._req], self._seq_lens)

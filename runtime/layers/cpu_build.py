@@ -3,8 +3,10 @@ caches the build on disk), once per process, and reports ``None`` where they can
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
+import re
 import threading
 from typing import Any
 
@@ -27,7 +29,24 @@ def build_extension(name: str, source: str, flags: list[str]) -> Any:
             from torch.utils.cpp_extension import load
 
             path = os.path.join(os.path.dirname(os.path.abspath(__file__)), source)
-            _built[name] = load(name, [path], extra_cflags=flags, extra_ldflags=["-fopenmp"])
+            # torch's build cache keys on the source file alone: name the build after the headers
+            # it includes too, so an edited header is never served from a stale build
+            tag = f"{name}_{_digest(path)[:10]}"
+            _built[name] = load(tag, [path], extra_cflags=flags, extra_ldflags=["-fopenmp"])
         except Exception as exc:
             logger.warning("CPU kernels %s unavailable: %s", name, exc)
         return _built[name]
+
+
+def _digest(path: str, seen: set[str] | None = None) -> str:
+    """sha256 of ``path`` and of the local headers it includes (``#include "x.h"``), recursively."""
+    seen = set() if seen is None else seen
+    seen.add(path)
+    with open(path, "rb") as f:
+        text = f.read()
+    h = hashlib.sha256(text)
+    for inc in re.findall(rb'#include "([^"]+)"', text):
+        dep = os.path.join(os.path.dirname(path), inc.decode())
+        if dep not in seen and os.path.exists(dep):
+            h.update(_digest(dep, seen).encode())
+    return h.hexdigest()

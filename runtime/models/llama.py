@@ -30,6 +30,7 @@ from phloem.runtime.layers.fusion import use_row_fusion
 from phloem.runtime.layers.linear import MergedLinear, RowParallelLinear
 from phloem.runtime.layers.rmsnorm import RMSNorm
 from phloem.runtime.layers.rotary import RotaryEmbedding
+from phloem.runtime.models import cpu_decode
 from phloem.runtime.models.config import ModelConfig
 from phloem.runtime.models.sharding import per_rank_heads
 from torch import nn
@@ -149,6 +150,10 @@ class LlamaModel(nn.Module):
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [T, H]
         rope = self.rotary.cos_sin(positions)  # shared by every layer
+        if x.device.type == "cpu":  # a decode batch in one C++ call where covered
+            hidden = cpu_decode.run_decode_step(self, x, rope, attn)
+            if hidden is not None:
+                return hidden
         residual = None
         for layer in self.layers:
             x, residual = layer(rope, x, residual, attn)
@@ -190,6 +195,7 @@ class LlamaForCausalLM(nn.Module):
         ValueError
             On an unknown name, a shape mismatch, or a parameter left unloaded.
         """
+        cpu_decode.forget(self.model)
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         for name, tensor in weights:
