@@ -79,9 +79,10 @@ def _decoder(runner: Any, spec: dict[str, Any], head_path: str) -> Any:
 
 
 def cpu_target(
-    model: str | None, threads: int, num_prompts: int
+    model: str | None, threads: int, num_prompts: int, quantization: str = "auto"
 ) -> tuple[Any, Any, Any, set[int], list[list[int]]]:
-    """The target on the CPU in float32: ``(source, runner, tokenizer, stop ids, prompts)``, the
+    """The target on the CPU (float32 activations; ``quantization="auto"``: the CPU default, the
+    GGUF's own blocks): ``(source, runner, tokenizer, stop ids, prompts)``, the
     prompts being the first ``num_prompts`` of the EAGLE head's held-out ones, chat-templated."""
     from phloem.runtime.executor.model_runner import ModelRunner
     from phloem.runtime.model_files import resolve_model
@@ -91,8 +92,9 @@ def cpu_target(
     torch.set_num_threads(threads)
     source = resolve_model(model)
     runner = ModelRunner(
-        source, dtype="float32", device="cpu", max_total_tokens=1 << 14, max_running_requests=8
-    )
+        source, dtype="float32", device="cpu", max_total_tokens=1 << 14, max_running_requests=8,
+        quantization=quantization,
+    )  # fmt: skip
     tok = load_tokenizer(source)
     prompts = encode_prompts(read_prompts(DEFAULT_PROMPTS)[:num_prompts], tok)  # held out from training
     return source, runner, tok, set(tok.eos_token_ids), prompts
@@ -101,7 +103,7 @@ def cpu_target(
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from phloem.training.eagle_head import encode_prompts
 
-    source, runner, tok, stop, prompts = cpu_target(args.model, args.threads, args.prompts)
+    source, runner, tok, stop, prompts = cpu_target(args.model, args.threads, args.prompts, args.quantization)
     if args.ngram_prompt:  # a prompt that invites copying, where n-gram drafting shines
         prompts.append(
             encode_prompts(
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--threads", type=int, default=max(1, min(2, os.cpu_count() or 1)))
+    p.add_argument("--quantization", default="auto", help="auto (the CPU default: the GGUF's blocks) or none")
     p.add_argument("--chain-steps", type=int, default=3)
     p.add_argument("--tree-steps", type=int, default=4)
     p.add_argument("--tree-topk", type=int, default=4)

@@ -48,7 +48,7 @@ class CpuBackend(TorchRefBackend):
         """``(out_slots, req_to_token, req_pool_indices, seq_lens)`` of this decode batch when every
         layer can take the one-call decode (the whole-step path, ``models/cpu_decode.py``), else
         ``None``."""
-        if not self._fast:
+        if not self._fast or self.layer_ready is not None:
             return None
         return self.out_slots, self.req_to_token_pool.req_to_token, self._req, self._seq_lens
 
@@ -72,6 +72,8 @@ class CpuBackend(TorchRefBackend):
                 self._fast = False
                 super()._init_decode(self.req_to_token_pool.req_to_token[self._req], self._seq_lens)
             return super().forward(q, k, v, layer, cos_sin, qk_norm)
+        if self.layer_ready is not None:
+            self.layer_ready.wait(layer)
         k_buf, v_buf = self.kv_pool.get_kv(layer)
         cos, sin = cos_sin
         return self._kernels.decode_attention(

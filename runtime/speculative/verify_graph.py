@@ -33,6 +33,7 @@ from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.host_copy import pack_to_device
+from phloem.runtime.speculative.verify import CpuRowsAttention
 
 __all__ = ["TreeVerifyBackend", "VerifyGraphRunner"]
 
@@ -199,3 +200,22 @@ class VerifyGraphRunner:
             v.copy_(dev[k])
         self.graphs[padded].replay()
         return self.outputs[padded]
+
+
+class CpuChainAttention(CpuRowsAttention, TreeVerifyBackend):
+    """The chain verify of a speculative window (``window.py``) as decode rows on the CPU
+    (:class:`~.verify.CpuRowsAttention`): node ``d`` of row ``r`` reads ``req_to_token[r, 0 :
+    kv_len + d + 1]``, as plain decoding reads it at that position."""
+
+    def bind(
+        self,
+        req_pool_indices: torch.Tensor,
+        prefix_lens: torch.Tensor,
+        node_slots: torch.Tensor,
+        tree_mask: torch.Tensor,
+    ) -> None:
+        super().bind(req_pool_indices, prefix_lens, node_slots, tree_mask)
+        bs, n = req_pool_indices.shape[0], tree_mask.shape[-1]
+        reqs = req_pool_indices[:, None].expand(bs, n).reshape(-1)
+        lens = (prefix_lens[:, None] + torch.arange(1, n + 1)).reshape(-1)
+        self._tables = (node_slots, self.req_to_token_pool.req_to_token, reqs.contiguous(), lens)

@@ -49,8 +49,8 @@ from phloem.runtime.sampling.sampler import GREEDY_EPS, gumbel_argmax, min_p_dro
 from phloem.runtime.speculative.draft_attention import draft_attend, uses_kernel
 from phloem.runtime.speculative.draft_graph import RESERVED_DRAFT_LENGTH, SCRATCH_SEQ
 from phloem.runtime.speculative.eagle import EagleDraftWorker
-from phloem.runtime.speculative.verify import GREEDY, SpecSampling
-from phloem.runtime.speculative.verify_graph import TreeVerifyBackend
+from phloem.runtime.speculative.verify import GREEDY, SpecSampling, TreeVerifyAttention, verify_attention_for
+from phloem.runtime.speculative.verify_graph import CpuChainAttention, TreeVerifyBackend
 
 __all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept", "chain_accept_sampled", "chain_probs"]
 
@@ -185,7 +185,8 @@ class ChainWindow:
         self.seed = seed
         self.generator: torch.Generator | None = None
         self.reset_generator()
-        self.attn = TreeVerifyBackend(
+        cpu_rows = verify_attention_for(runner) is not TreeVerifyAttention  # the CPU decode kernel
+        self.attn = (CpuChainAttention if cpu_rows else TreeVerifyBackend)(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
         # room for the usual widths up front (see RESERVED_DRAFT_LENGTH)
