@@ -30,6 +30,7 @@ check them against a reference that grows one request's tree node by node
 
 from __future__ import annotations
 
+import copy
 import heapq
 import json
 import math
@@ -479,6 +480,7 @@ class EagleDraftWorker:
         self.embed_weight = embed_weight.detach()
         self.token_map = head.token_map.to(embed_weight.device)
         self.lm_weight = lm_head_weight.detach()[self.token_map].contiguous()  # [Vd, H]
+        self.lm_dot: Any = None  # quantize_like_target(): the draft LM head as Q8_0 blocks
         self.num_steps, self.topk = num_steps, topk
         self.max_nodes = 1 + topk + (num_steps - 1) * topk * topk
         self.num_draft_tokens = min(num_draft_tokens or num_steps + 1, self.max_nodes)
@@ -504,6 +506,8 @@ class EagleDraftWorker:
         if not head.cfg.matches(runner.model_config):
             raise ValueError("the EAGLE head was trained for a different target shape")
         worker = cls(head, embed_weight=embed, lm_head_weight=lm, **kw)
+        if getattr(runner, "quantization", None) == "gguf" and worker.device.type == "cpu":
+            worker.quantize_like_target()
         if worker.device.type == "cuda":  # draft positions never pass the target's context
             worker.head.cache_rope(runner.context_len + worker.num_steps + 1)
         return worker
@@ -511,6 +515,19 @@ class EagleDraftWorker:
     @property
     def device(self) -> torch.device:
         return self.embed_weight.device
+
+    def quantize_like_target(self) -> None:
+        """Compute as a ``--quantization gguf`` target does on the CPU: the head's projections and
+        the draft LM head as Q8_0 blocks with int8 activations (:mod:`~phloem.runtime.layers.qdot`),
+        a quarter of the bytes a float32 draft step reads. Drafts only propose (the target's
+        verify decides every token), so outputs do not change; drafts may, slightly."""
+        from phloem.runtime.layers.qdot import Q8DotWeight, q8_blocks_from_float
+
+        self.head = copy.deepcopy(self.head)  # the caller's head stays float (training reads it)
+        h = self.head
+        for lin in (h.fc, h.qkv_proj, h.o_proj, h.gate_up_proj, h.down_proj):
+            lin.set_quantized(Q8DotWeight.from_blocks(q8_blocks_from_float(lin.weight.data)))
+        self.lm_dot = Q8DotWeight.from_blocks(q8_blocks_from_float(self.lm_weight))
 
     def use_graphs(self, max_bs: int, *, capture: bool = True, reserve: int = 0) -> None:
         """Run :meth:`draft_many` and :meth:`extend_many` of up to ``max_bs`` sequences through
@@ -677,6 +694,8 @@ class EagleDraftWorker:
     # ---- drafting -----------------------------------------------------------------------------
     def draft_logits(self, g: torch.Tensor) -> torch.Tensor:
         """Float32 logits over the draft vocabulary after features ``g`` ``[..., H]``."""
+        if self.lm_dot is not None:
+            return self.lm_dot.matmul(g.reshape(-1, g.shape[-1])).view(*g.shape[:-1], -1)
         w = self.lm_weight
         return (weight_major_linear(g, w) if use_weight_major(g, w) else F.linear(g, w)).float()
 
