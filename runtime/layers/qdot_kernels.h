@@ -41,7 +41,8 @@ namespace {
 constexpr int64_t kRows = 8;       // output rows per tile
 constexpr int64_t kQ4Record = 160;  // bytes per tile and block
 constexpr int64_t kQ8Record = 272;
-constexpr int64_t kMaxRowsAtOnce = 4;  // activation rows sharing one decode of a weight record
+constexpr int64_t kMaxRowsAtOnce = 8;  // activation rows sharing one decode of a weight record (a
+                                       // verify pass of up to 8 draft tokens reads each tile once)
 
 #ifdef PHLOEM_QDOT_VNNI
 inline __m256i dot4(__m256i acc, __m256i u8, __m256i s8) { return _mm256_dpbusd_epi32(acc, u8, s8); }
@@ -180,6 +181,10 @@ torch::Tensor qdot(const torch::Tensor& x, const torch::Tensor& packed, int64_t 
       for (; m + kMaxRowsAtOnce <= M; m += kMaxRowsAtOnce)
         tile<Q4, kMaxRowsAtOnce>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here);
       switch (M - m) {
+        case 7: tile<Q4, 7>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here); break;
+        case 6: tile<Q4, 6>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here); break;
+        case 5: tile<Q4, 5>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here); break;
+        case 4: tile<Q4, 4>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here); break;
         case 3: tile<Q4, 3>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here); break;
         case 2: tile<Q4, 2>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here); break;
         case 1: tile<Q4, 1>(rec, G, qp + m * K, dxp + m * G, sxp + m * G, K, out + m * N, N, rows_here); break;

@@ -10,7 +10,7 @@ from phloem.runtime.layers.quant import Q4Weight, Q8Weight
 
 # (N, K) of the default model's projections (qkv, o, gate_up, down) and odd row counts
 SHAPES = [(960, 576), (576, 576), (3072, 576), (576, 1536), (37, 64), (203, 576), (1, 32)]
-BATCHES = [1, 3, 17]
+BATCHES = [1, 3, 6, 17]
 
 
 def _q4(n: int, k: int, seed: int) -> Q4Weight:
