@@ -31,12 +31,15 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "plain": {},  # the engine's defaults: continuous decode is auto on CUDA
     "plain-c1": {"num_continuous_decode_steps": 1},
     "eagle-default": {"speculative_algorithm": "EAGLE"},  # the engine's defaults: a chain of 3
+    "eagle-chain-1": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 1, "speculative_eagle_topk": 1,
+                      "speculative_num_draft_tokens": 2},
     "eagle-chain-4": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4, "speculative_eagle_topk": 1,
                       "speculative_num_draft_tokens": 5},
     "eagle-tree-8": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 4, "speculative_eagle_topk": 4,
                      "speculative_num_draft_tokens": 8},
     "eagle-tree-16": {"speculative_algorithm": "EAGLE", "speculative_num_steps": 5, "speculative_eagle_topk": 4,
                       "speculative_num_draft_tokens": 16},
+    "ngram-2": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 3},
     "ngram-4": {"speculative_algorithm": "NGRAM", "speculative_num_draft_tokens": 5},
     # several steps per host sync: continuous decode for plain, windows of chain steps for EAGLE
     "plain-c8": {"num_continuous_decode_steps": 8},
