@@ -125,7 +125,7 @@ def plot(records: dict[str, dict[str, Any]], path: str) -> None:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
     fig.suptitle("SmolLM2-135M on the CPU, same GGUF and threads: phloem vs llama-server vs transformers")
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0, 1, 0.98))
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(ns.out_dir, "table.md"), "w") as f:
         f.write(md + "\n")
     if ns.plot:
-        plot(records, ns.plot)
+        plot(records, ns.plot)  # redraw later: plot({name: json.load(...)}, path)
     return max((r["exit_code"] for r in records.values()), default=0)
 
 
