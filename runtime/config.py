@@ -136,9 +136,14 @@ class EngineArgs:
     # --- speculative decoding
     speculative_algorithm: str | None = _opt(None, "speculative decoding", (None, "EAGLE", "NGRAM"))
     speculative_draft_model_path: str | None = _opt(None, "EAGLE head (default: the shipped head)")
-    speculative_num_steps: int = _opt(3, "draft depth")
+    speculative_num_steps: int | None = _opt(
+        None, "draft depth (default: 3 on CUDA; 1 on the CPU, where each verified row costs a "
+        "tenth of a decode step or more)",
+    )  # fmt: skip
     speculative_eagle_topk: int = _opt(1, "candidates per draft level")
-    speculative_num_draft_tokens: int = _opt(4, "tree nodes verified per step")
+    speculative_num_draft_tokens: int | None = _opt(
+        None, "tree nodes verified per step (default: 4 on CUDA; on the CPU 2 with EAGLE, 3 with NGRAM)"
+    )
     # --- server
     host: str = _opt("127.0.0.1", "address to bind")
     port: int = _opt(30000, "port to bind")

@@ -96,3 +96,16 @@ def test_secrets_never_leave_through_public_dict_or_repr():
     assert public["api_key"] == REDACTED and "sk-very-secret" not in repr(args)
     assert "sk-very-secret" not in str(public) and args.to_dict()["api_key"] == "sk-very-secret"
     assert EngineArgs().public_dict()["api_key"] is None  # unset shows as unset
+
+
+def test_speculative_draft_shape_follows_the_device_unless_given():
+    from phloem.runtime.scheduler.builder import speculative_shape
+
+    eagle, ngram = EngineArgs(speculative_algorithm="EAGLE"), EngineArgs(speculative_algorithm="NGRAM")
+    assert speculative_shape(eagle, "cuda") == (3, 4)  # a chain of 3
+    assert speculative_shape(ngram, "cuda") == (3, 4)
+    assert speculative_shape(eagle, "cpu") == (1, 2)  # a chain of 1: verified rows cost more on the CPU
+    assert speculative_shape(ngram, "cpu") == (1, 3)  # 2 drafts
+    given = EngineArgs(speculative_algorithm="EAGLE", speculative_num_steps=4, speculative_num_draft_tokens=5)
+    assert speculative_shape(given, "cpu") == (4, 5)
+    assert speculative_shape(EngineArgs(speculative_algorithm="EAGLE", speculative_num_steps=2), "cpu") == (2, 3)
