@@ -7,7 +7,7 @@ from __future__ import annotations
 from phloem import Engine
 
 PROMPTS = ["The capital of France is", "List three colours:", "def add(a, b):", "Once upon a time"]
-GREEDY = {"max_new_tokens": 24, "temperature": 0}
+GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}  # every row runs 24 steps
 
 
 def _run(**kw):
