@@ -2,7 +2,7 @@
 
 A decode step on a small model is dominated by per-op overhead, not arithmetic: the reference
 decode spends about 30 torch ops a layer (RoPE, the pool write, two gathers of every request's
-K/V into a padded block, mask, transposes, SDPA). ``cpu_decode_kernels.cpp`` does the same work
+K/V into a padded block, mask, transposes, SDPA). ``cpu_decode_kernels.h`` does the same work
 in one call that reads K/V in place through ``req_to_token``. RoPE and the pool write are bit for
 bit the reference's; the softmax sums in another order than SDPA, so outputs agree to float32
 rounding (``tests/unit/test_cpu_attention.py``). Prefill, verify, fp8 pools and q/k norms take

@@ -1,4 +1,5 @@
-"""The CPU decode-step kernels of ``cpu_decode_kernels.cpp``: where they apply and how to load them.
+"""The CPU decode-step kernels of ``cpu_decode_kernels.h`` (bound in ``cpu_decode_kernels.cpp``):
+where they apply and how to load them.
 
 A small model's decode step on the CPU is made mostly of per-op overhead: a torch op on a few
 hundred floats costs microseconds of dispatch, and RMSNorm alone is about ten of them. These

@@ -10,7 +10,7 @@ product is an exact integer sum, scaled once in float32::
     Q8_0:  y[m, n] = sum_g isum(q[n, g], xq[m, g]) * (dw * dx)
 
 A decode step then reads 4.5-8.5 bits per weight instead of 32, and the multiply-adds are byte
-dot products (``qdot_kernels.cpp``: AVX-512 VNNI where the CPU has it, chosen at run time, else
+dot products (``qdot_kernels.h``: AVX-512 VNNI where the CPU has it, chosen at run time, else
 AVX2). Each output depends only on its own activation row, so the layers are batch invariant.
 The weights are repacked once at load into tiles of 8 output rows, in the order the kernel reads
 them (:func:`pack_q4`, :func:`pack_q8`; scales stay float16, so a tile costs what the GGUF block
@@ -145,7 +145,7 @@ def _half_bytes(s: torch.Tensor, t: int, pad: int) -> torch.Tensor:
 
 
 def pack_q4(w: Q4Weight) -> torch.Tensor:
-    """Q4_1 blocks -> ``uint8 [T, G, 160]`` (the layout is described in ``qdot_kernels.cpp``)."""
+    """Q4_1 blocks -> ``uint8 [T, G, 160]`` (the layout is described in ``qdot_kernels.h``)."""
     n, k = w.shape
     g = k // BLOCK
     t, pad = _tiles(n)
@@ -158,7 +158,7 @@ def pack_q4(w: Q4Weight) -> torch.Tensor:
 
 
 def pack_q8(w: Q8Weight) -> torch.Tensor:
-    """Q8_0 blocks -> ``uint8 [T, G, 272]`` (the layout is described in ``qdot_kernels.cpp``)."""
+    """Q8_0 blocks -> ``uint8 [T, G, 272]`` (the layout is described in ``qdot_kernels.h``)."""
     n, k = w.shape
     g = k // BLOCK
     t, pad = _tiles(n)
