@@ -83,3 +83,34 @@ def test_silu_and_mul_kernel_matches_torch() -> None:
     gate, up = gate_up.chunk(2, dim=-1)
     torch.testing.assert_close(got, F.silu(gate) * up, atol=1e-6, rtol=2e-6)
     assert torch.isfinite(got).all()
+
+
+def test_a_tree_verify_computes_each_path_node_as_plain_decoding(batcher: DirectBatcher) -> None:
+    """A verify pass over a tree (root -> a -> c, root -> d) gives each node on a path the logits
+    plain decoding gives that token, bit for bit (``CpuTreeVerifyAttention``: each node a decode
+    row over its prefix, ancestors and itself)."""
+    from phloem.runtime.speculative.tree import DraftTree
+    from phloem.runtime.speculative.verify import CpuTreeVerifyAttention, TreeVerifier, VerifyRequest
+
+    prompt, (root, a, c, d) = list(range(200, 223)), (42, 11, 12, 13)
+    with torch.no_grad():
+        seq = batcher.new_sequence()
+        try:
+            batcher.logits({seq: prompt})
+            plain = [batcher.logits({seq: [t]}, decode=True)[0] for t in (root, a, c)]
+        finally:
+            batcher.release(seq)
+        verifier = TreeVerifier(batcher.runner)
+        assert isinstance(verifier.attn, CpuTreeVerifyAttention)
+        seq = batcher.new_sequence()
+        try:
+            batcher.logits({seq: prompt})
+            tree = DraftTree([root, a, d, c], [-1, 0, 0, 1])
+            slots = torch.arange(batcher._next_slot, batcher._next_slot + len(tree))
+            batcher._next_slot += len(tree)
+            logits, _, _ = verifier._forward([VerifyRequest(seq, len(prompt), tree, slots)])
+        finally:
+            batcher.release(seq)
+    assert torch.equal(logits[0], plain[0])  # root
+    assert torch.equal(logits[1], plain[1])  # a after root
+    assert torch.equal(logits[3], plain[2])  # c after root, a (node 2, d, is a sibling of a)
