@@ -11,7 +11,7 @@ Drives the speculative modules directly on a ``ModelRunner`` (no scheduler). For
 - ``ngram``: longest-suffix-match drafts from the request's own context
 
 all greedy, so every method must reproduce the baseline's tokens (``matches_baseline``). Decode
-time excludes the prefill. Writes ``benchmarks/results/cpu/speculative.json`` and prints a table.
+time excludes the prefill. Prints a table; ``--out F`` also writes the report as JSON.
 The floor a CPU decode step cannot beat is reading every weight once (bytes / bandwidth); here
 the comparison is against the measured baseline step, which is what speculation amortizes.
 """
@@ -26,8 +26,6 @@ import time
 from typing import Any
 
 import torch
-
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "cpu", "speculative.json")
 
 
 def _methods(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
@@ -194,12 +192,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tree-tokens", type=int, default=8)
     p.add_argument("--ngram-draft", type=int, default=4)
     p.add_argument("--no-ngram-prompt", dest="ngram_prompt", action="store_false")
-    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--out", default=None, help="also write the report as JSON here")
     args = p.parse_args(argv)
     report = run(args)
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=2)
     print_table(report)
     return 0
 
