@@ -56,8 +56,6 @@ class DecodeStep {
     layers_.push_back(DecoderLayer{input_norm, post_norm, p[0], p[1], p[2], p[3], k_buf, v_buf});
   }
 
-  int64_t num_layers() const { return static_cast<int64_t>(layers_.size()); }
-
   // x: embeddings [B, H]; the attention tables as decode_attention takes them; cos/sin [B, D / 2].
   // Returns the final hidden states [B, H] (after the model's last norm).
   torch::Tensor run(torch::Tensor x, torch::Tensor out_slots, torch::Tensor req_to_token, torch::Tensor req,

@@ -31,7 +31,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   pybind11::class_<DecodeStep>(m, "DecodeStep", "every decoder layer of one CPU decode step (decode_step.h)")
       .def(pybind11::init<int64_t, int64_t, int64_t, double, double, torch::Tensor>())
       .def("add_layer", &DecodeStep::add_layer)
-      .def("num_layers", &DecodeStep::num_layers)
       .def("run", &DecodeStep::run, pybind11::call_guard<pybind11::gil_scoped_release>());
 #ifdef PHLOEM_QDOT_VNNI
   m.attr("isa") = "avx512vnni";

@@ -36,7 +36,8 @@ from typing import Any
 
 import torch
 from phloem.grammars.bitmask import apply_bitmask
-from phloem.runtime.attention.base import AttentionBackend, QKNorm, ancestor_mask, varying_shape_sdpa
+from phloem.runtime.attention.base import AttentionBackend, ancestor_mask, varying_shape_sdpa
+from phloem.runtime.attention.cpu import CpuRowsAttention, decodes_in_rows
 from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.host_copy import to_device
 from phloem.runtime.sampling.sampler import GREEDY_EPS, min_p_drop_mask, top_k_top_p_drop_mask
@@ -157,55 +158,15 @@ class TreeVerifyAttention(AttentionBackend):
         return out
 
 
-class CpuRowsAttention:
-    """Mixin: attention of a verify pass through the CPU decode kernel
-    (``layers/cpu_decode_kernels.h``), every node a decode row of its own.
-
-    A node's keys are its request's cached prefix, then its ancestors and itself, root first:
-    exactly the key sequence plain decoding reads when it computes that token. The kernel is per
-    row, so a verify pass computes each node's K/V, attention and logits bit for bit as plain
-    decoding would, and greedy speculative output equals plain greedy output also with int8
-    activations (``--quantization gguf``), whose rounding would turn any other float order into a
-    different token now and then. Verify passes also take the whole-step decode
-    (``models/cpu_decode.py``) through :meth:`decode_tables`. Subclasses set ``_tables``
-    (``out_slots, key table [T, W], row of each node in it [T], key count [T]``) when they plan.
-    """
-
-    _tables: tuple[torch.Tensor, ...] | None = None
-
-    def decode_tables(self) -> tuple[torch.Tensor, ...] | None:
-        """The batch as decode rows (see :meth:`CpuBackend.decode_tables`)."""
-        return self._tables if self.layer_ready is None else None  # type: ignore[attr-defined]
-
-    def forward(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer: int,
-        cos_sin: tuple[torch.Tensor, torch.Tensor] | None = None,
-        qk_norm: QKNorm | None = None,
-    ) -> torch.Tensor:
-        if self._tables is None or cos_sin is None or qk_norm is not None or q.dtype != torch.float32:
-            return super().forward(q, k, v, layer, cos_sin, qk_norm)  # type: ignore[misc]
-        if self.layer_ready is not None:  # type: ignore[attr-defined]
-            self.layer_ready.wait(layer)  # type: ignore[attr-defined]
-        from phloem.runtime.layers.cpu_ops import cpu_kernels
-
-        k_buf, v_buf = self.kv_pool.get_kv(layer)  # type: ignore[attr-defined]
-        out_slots, rows, req, lens = self._tables
-        cos, sin = cos_sin
-        return cpu_kernels().decode_attention(
-            q, k, v, k_buf, v_buf, out_slots, rows, req, lens, cos, sin, self.scale  # type: ignore[attr-defined]
-        )  # fmt: skip
-
-
 class CpuTreeVerifyAttention(CpuRowsAttention, TreeVerifyAttention):
-    """:class:`TreeVerifyAttention` as decode rows on the CPU (:class:`CpuRowsAttention`)."""
+    """:class:`TreeVerifyAttention` as decode rows on the CPU (:class:`CpuRowsAttention`): node ``i``
+    reads its request's ``kv_len`` cached slots, then the slots of its ancestors and itself. The
+    reference plan is built only if a layer leaves the kernel."""
 
     def plan(self, reqs: Sequence[VerifyRequest]) -> None:
-        super().plan(reqs)
         table = self.req_to_token_pool.req_to_token
+        self.mode = ForwardMode.TARGET_VERIFY
+        self.out_slots = torch.cat([r.slots for r in reqs]).to(table.device)
         keys: list[torch.Tensor] = []
         for r in reqs:
             prefix, slots = table[r.req_pool_idx, : r.kv_len], r.slots.to(table.device)
@@ -215,22 +176,12 @@ class CpuTreeVerifyAttention(CpuRowsAttention, TreeVerifyAttention):
                 keys.append(torch.cat([prefix, slots[paths[i]]]))
         lens = torch.tensor([k.numel() for k in keys], dtype=torch.int64)
         rows = torch.nn.utils.rnn.pad_sequence(keys, batch_first=True)  # [T, longest]
+        self._reqs = list(reqs)
         self._tables = (self.out_slots, rows, torch.arange(len(keys)), lens)
 
-
-def verify_attention_for(runner: Any) -> type[TreeVerifyAttention]:
-    """:class:`CpuTreeVerifyAttention` where the target decodes through the CPU kernel (the ``cpu``
-    backend on a float32 pool, head size a multiple of 8), else :class:`TreeVerifyAttention`."""
-    from phloem.runtime.attention.cpu import CpuBackend
-
-    backend = getattr(runner, "attn_backend", None)
-    if (
-        isinstance(backend, CpuBackend)
-        and backend._kernels is not None
-        and runner.kv_pool.head_dim % 8 == 0
-    ):
-        return CpuTreeVerifyAttention
-    return TreeVerifyAttention
+    def _leave_rows(self) -> None:
+        super().plan(self._reqs)  # TreeVerifyAttention's masked plan
+        super()._leave_rows()
 
 
 # ---------------------------------------------------------------------------------- acceptance
@@ -315,7 +266,7 @@ class TreeVerifier:
 
     def __init__(self, runner, *, seed: int = 0, graphs: Any = None) -> None:  # noqa: ANN001
         self.runner = runner
-        self.attn = verify_attention_for(runner)(
+        self.attn = (CpuTreeVerifyAttention if decodes_in_rows(runner) else TreeVerifyAttention)(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
         self.graphs = graphs  # VerifyGraphRunner on CUDA (padded trees, Triton, CUDA graphs), else None

@@ -27,15 +27,15 @@ from typing import Any
 
 import torch
 from phloem.runtime.attention.base import ancestor_mask
+from phloem.runtime.attention.cpu import CpuRowsAttention
 from phloem.runtime.attention.triton import TritonBackend
 from phloem.runtime.attention.triton_verify import tree_verify_attention, tree_verify_reference
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.forward_io import ForwardMode
 from phloem.runtime.host_copy import pack_to_device
-from phloem.runtime.speculative.verify import CpuRowsAttention
 
-__all__ = ["TreeVerifyBackend", "VerifyGraphRunner"]
+__all__ = ["CpuChainAttention", "TreeVerifyBackend", "VerifyGraphRunner"]
 
 logger = logging.getLogger(__name__)
 
@@ -204,7 +204,7 @@ class VerifyGraphRunner:
 
 class CpuChainAttention(CpuRowsAttention, TreeVerifyBackend):
     """The chain verify of a speculative window (``window.py``) as decode rows on the CPU
-    (:class:`~.verify.CpuRowsAttention`): node ``d`` of row ``r`` reads ``req_to_token[r, 0 :
+    (:class:`~phloem.runtime.attention.cpu.CpuRowsAttention`): node ``d`` of row ``r`` reads ``req_to_token[r, 0 :
     kv_len + d + 1]``, as plain decoding reads it at that position."""
 
     def bind(

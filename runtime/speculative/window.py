@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from phloem.runtime.attention.cpu import decodes_in_rows
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.layers.fusion import use_skinny
@@ -49,7 +50,7 @@ from phloem.runtime.sampling.sampler import GREEDY_EPS, gumbel_argmax, min_p_dro
 from phloem.runtime.speculative.draft_attention import draft_attend, uses_kernel
 from phloem.runtime.speculative.draft_graph import RESERVED_DRAFT_LENGTH, SCRATCH_SEQ
 from phloem.runtime.speculative.eagle import EagleDraftWorker
-from phloem.runtime.speculative.verify import GREEDY, SpecSampling, TreeVerifyAttention, verify_attention_for
+from phloem.runtime.speculative.verify import GREEDY, SpecSampling
 from phloem.runtime.speculative.verify_graph import CpuChainAttention, TreeVerifyBackend
 
 __all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept", "chain_accept_sampled", "chain_probs"]
@@ -185,8 +186,7 @@ class ChainWindow:
         self.seed = seed
         self.generator: torch.Generator | None = None
         self.reset_generator()
-        cpu_rows = verify_attention_for(runner) is not TreeVerifyAttention  # the CPU decode kernel
-        self.attn = (CpuChainAttention if cpu_rows else TreeVerifyBackend)(
+        self.attn = (CpuChainAttention if decodes_in_rows(runner) else TreeVerifyBackend)(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
         # room for the usual widths up front (see RESERVED_DRAFT_LENGTH)

@@ -48,3 +48,42 @@ def test_qk_norm_layers_take_the_reference_path() -> None:
     got, *_ = _run(CpuBackend, [5, 9], 1, qk_norm=norm)
     expect, *_ = _run(TorchRefBackend, [5, 9], 1, qk_norm=norm)
     assert torch.equal(got, expect)
+
+
+def _verify(cpu_rows: bool, qk_norm: QKNorm | None):
+    """A verify pass of two chains (3 and 2 nodes after cached prefixes of 5 and 9) through
+    :class:`CpuTreeVerifyAttention` or the reference :class:`TreeVerifyAttention`."""
+    from phloem.runtime.speculative.tree import DraftTree
+    from phloem.runtime.speculative.verify import CpuTreeVerifyAttention, TreeVerifyAttention, VerifyRequest
+
+    prefix, extend = [5, 9], [3, 2]
+    pool, rtt, fi, q, k, v, *_ = make_batch(prefix, extend, ForwardMode.EXTEND, 3)
+    slots = fi.out_slots.split(extend)
+    reqs = [
+        VerifyRequest(int(row), p, DraftTree.chain(0, [0] * (e - 1)), s)
+        for row, p, e, s in zip(fi.req_pool_indices.tolist(), prefix, extend, slots)
+    ]
+    backend = (CpuTreeVerifyAttention if cpu_rows else TreeVerifyAttention)(pool, rtt, num_heads=HQ)
+    backend.plan(reqs)
+    rotary = RotaryEmbedding(q.shape[-1], 256, 10000.0)
+    out = backend.forward(q, k, v, 0, cos_sin=rotary.cos_sin(fi.positions), qk_norm=qk_norm)
+    return out, pool, backend
+
+
+def test_verify_rows_match_the_reference_verify() -> None:
+    got, pool, backend = _verify(True, None)
+    expect, ref_pool, _ = _verify(False, None)
+    assert backend.decode_tables() is not None  # the kernel ran (the whole step may take the pass)
+    torch.testing.assert_close(got, expect, atol=1e-5, rtol=1e-5)
+    assert torch.equal(pool.k_buffer[0], ref_pool.k_buffer[0])
+    assert torch.equal(pool.v_buffer[0], ref_pool.v_buffer[0])
+
+
+def test_a_verify_layer_the_kernel_does_not_cover_takes_the_reference_plan() -> None:
+    from tests.unit.test_attention_torch_ref import D
+
+    norm = QKNorm(torch.rand(D) + 0.5, torch.rand(D) + 0.5, 1e-6)
+    got, _, backend = _verify(True, norm)
+    expect, *_ = _verify(False, norm)
+    assert backend.decode_tables() is None  # left the rows for the rest of the pass
+    assert torch.equal(got, expect)
