@@ -137,8 +137,8 @@ class EngineArgs:
     speculative_algorithm: str | None = _opt(None, "speculative decoding", (None, "EAGLE", "NGRAM"))
     speculative_draft_model_path: str | None = _opt(None, "EAGLE head (default: the shipped head)")
     speculative_num_steps: int | None = _opt(
-        None, "draft depth (default: 3 on CUDA; 1 on the CPU, where each verified row costs a "
-        "tenth of a decode step or more)",
+        None, "draft depth (default: 3 on CUDA; 1 on the CPU, where each verified row past the "
+        "second costs about a quarter of a decode step)",
     )  # fmt: skip
     speculative_eagle_topk: int = _opt(1, "candidates per draft level")
     speculative_num_draft_tokens: int | None = _opt(
