@@ -13,6 +13,9 @@ from typing import Any
 from .base import GrammarMatcher
 
 DEFAULT_WINDOW = 4
+# A jump costs a pass of its own and makes the batch wait for the host: a forced run shorter than
+# this many tokens is cheaper to decode.
+MIN_JUMP_TOKENS = 4
 
 
 def find_jump_forward(matcher: GrammarMatcher) -> str:
@@ -63,16 +66,22 @@ def retokenize_boundary(
 
 
 def jump_forward(
-    matcher: GrammarMatcher, tokenizer: Any, prev_output_ids: Sequence[int], *, window: int = DEFAULT_WINDOW
+    matcher: GrammarMatcher,
+    tokenizer: Any,
+    prev_output_ids: Sequence[int],
+    *,
+    window: int = DEFAULT_WINDOW,
+    min_tokens: int = 1,
 ) -> tuple[int, list[int]]:
     """Find forced text, retokenize it at the boundary and apply it to ``matcher``.
 
     Mutates ``matcher`` (rolled back ``drop_k``, then advanced over ``new_ids``). When the grammar
-    rejects the retokenized ids, the matcher is restored and ``(0, [])`` is returned.
+    rejects the retokenized ids, or the jump would add fewer than ``min_tokens`` tokens
+    (``len(new_ids) - drop_k``), the matcher is left as it was and ``(0, [])`` is returned.
     """
     forced = find_jump_forward(matcher)
     drop_k, new_ids = retokenize_boundary(tokenizer, prev_output_ids, forced, window=window)
-    if not new_ids:
+    if not new_ids or len(new_ids) - drop_k < min_tokens:
         return 0, []
     dropped = list(prev_output_ids[len(prev_output_ids) - drop_k :]) if drop_k else []
     matcher.rollback(drop_k)

@@ -101,6 +101,12 @@ GRAMMARS = {
     "regex": {"regex": WORDS_REGEX},
     "keys": {"json_schema": KEYS_SCHEMA},
     "record": {"json_schema": RECORD_SCHEMA},
+    # the serving benchmark's json-schema dataset at 128 output tokens (an array of 20+ records)
+    "records": {"json_schema": json.dumps({"type": "array", "minItems": 20, "items": {
+        "type": "object", "required": ["name", "city", "year"], "additionalProperties": False,
+        "properties": {"name": {"type": "string", "pattern": "^[A-Z][a-z]{1,11}$"},
+                       "city": {"type": "string", "pattern": "^[A-Z][a-z]{1,11}$"},
+                       "year": {"type": "integer"}}}})},
 }
 
 

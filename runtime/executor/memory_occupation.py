@@ -58,6 +58,9 @@ class MemoryOccupation:
         graphs = self.runner.cuda_graphs
         if graphs is not None and not self.released:
             graphs.capture()  # over the new addresses of the weights and the pool
+            extend = getattr(self.runner, "extend_graphs", None)
+            if extend is not None:
+                extend.capture()
         logger.info("resumed %s", ", ".join(todo))
         return f"resumed {', '.join(todo)}"
 
@@ -99,6 +102,9 @@ class MemoryOccupation:
         graphs = self.runner.cuda_graphs
         if graphs is not None:
             graphs.graphs, graphs.logits, graphs.pool = {}, {}, None  # replays stop: can_run is False
+        extend = getattr(self.runner, "extend_graphs", None)
+        if extend is not None:
+            extend.drop()
 
 
 def _checked(tags: Iterable[str]) -> list[str]:

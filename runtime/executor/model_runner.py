@@ -74,6 +74,8 @@ _DEFAULT_MEM_FRACTION = {"cpu": 0.25, "cuda": 0.85}
 # Logprob rows up to this size reach the host through pinned memory without waiting for the pass
 # (a 256-request decode step of a 152k-token vocabulary is 156 MB; 64 rows of 128k, 33 MB).
 _PINNED_LOGPROB_BYTES = 256 << 20
+# Short extend passes (``extend_graph_tokens``) of up to this many requests replay graphs.
+EXTEND_GRAPH_MAX_BS = 16
 
 
 @dataclass(frozen=True)
@@ -155,6 +157,7 @@ class ModelRunner:
         cuda_graph_max_bs: int = 256,  # 0 disables decode CUDA graphs
         kv_cache_dtype: str = "auto",
         gemm_library: str = "auto",
+        extend_graph_tokens: int = 0,
     ) -> None:
         started = time.perf_counter()
         self.tp = get_tp()  # this process's tensor-parallel rank (one rank unless init_tp ran)
@@ -207,6 +210,14 @@ class ModelRunner:
                 self.model, self.attn_backend, max_bs=min(cuda_graph_max_bs, self.max_running_requests)
             )
             self.cuda_graphs.capture()
+        self.extend_graphs = None
+        if self.cuda_graphs is not None and extend_graph_tokens > 0 and self.tp.size == 1:
+            from phloem.runtime.executor.extend_graphs import ExtendGraphs
+
+            self.extend_graphs = ExtendGraphs(
+                self, width=extend_graph_tokens, max_bs=min(EXTEND_GRAPH_MAX_BS, self.max_running_requests)
+            )
+            self.extend_graphs.capture()
         logger.info(
             "model runner ready in %.1f s: model=%s (%s) dtype=%s kv_dtype=%s device=%s attention=%s "
             "max_total_num_tokens=%d max_running_requests=%d context_len=%d deterministic=%s "
@@ -409,7 +420,7 @@ class ModelRunner:
         ready = self._start_loads(kv_loads)
         host = fi
         plan = self._logit_rows(host)
-        graph = self._graph_ok(fi, plan)
+        graph = self._graph_ok(fi, plan, loads=ready is not None)
         if self.device.type == "cpu":
             dev = fi
         elif graph and ready is None:
@@ -491,7 +502,10 @@ class ModelRunner:
         """Float32 logits ``[B, V]`` of each request's last new token (no sampling); for tests."""
         plan = self._logit_rows(fi)
         dev = fi if self.device.type == "cpu" else fi.to(self.device)
-        return self._logits(dev, plan, self._graph_ok(fi, plan))[0][to_device(plan.last, self.device)]
+        graph = self._graph_ok(fi, plan)
+        if graph == "extend":
+            return self._logits(fi.with_sampling_on(self.device), plan, graph)[0]
+        return self._logits(dev, plan, graph)[0][to_device(plan.last, self.device)]
 
     def _start_loads(self, loads: Sequence[KVLoad]) -> LayerReadiness | None:
         if not loads:
@@ -501,11 +515,14 @@ class ModelRunner:
         return self.kv_loader.start(loads)
 
     def _logits(
-        self, fi: ForwardInput, plan: _LogitRows, graph: bool
+        self, fi: ForwardInput, plan: _LogitRows, graph: str | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the planned rows, and the final hidden states of every new token (``None``
         from a CUDA graph replay, which callers asking for hidden states never take). ``graph``:
         :meth:`_graph_ok` of this batch."""
+        if graph == "extend":
+            assert self.extend_graphs is not None
+            return self.extend_graphs.logits(fi), None  # [B, V]: one row per request
         if graph:
             assert self.cuda_graphs is not None
             if self.attn_backend.layer_ready is not None:
@@ -519,14 +536,20 @@ class ModelRunner:
         # stream first, so the worker would launch the next pass only once this one had finished
         return self._model_any.compute_logits(hidden[to_device(plan.rows, hidden.device)]), hidden
 
-    def _graph_ok(self, fi: ForwardInput, plan: _LogitRows) -> bool:
-        """Whether ``fi`` replays a captured decode graph (no hidden states or input logprobs)."""
-        return (
+    def _graph_ok(self, fi: ForwardInput, plan: _LogitRows, *, loads: bool = False) -> str | None:
+        """Which captured graph ``fi`` replays: ``"decode"``, ``"extend"`` (a short extend, see
+        :mod:`~phloem.runtime.executor.extend_graphs`; not while host-tier KV lands layer by
+        layer) or None (eager). Never for hidden states or input logprobs."""
+        if (
             self.cuda_graphs is not None
             and not plan.starts
             and not fi.return_hidden_states
             and self.cuda_graphs.can_run(fi)
-        )
+        ):
+            return "decode"
+        if self.extend_graphs is not None and not loads and self.extend_graphs.can_run(fi, bool(plan.starts)):
+            return "extend"
+        return None
 
     @property
     def _model_any(self) -> Any:

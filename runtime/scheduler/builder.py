@@ -17,6 +17,9 @@ from phloem.runtime.scheduler.scheduler import Scheduler, SchedulerConfig
 
 logger = logging.getLogger("phloem.scheduler")
 SPEC_MAX_RUNNING = 32  # default cap on running requests with speculative decoding
+# New tokens per request of a short extend graph under jump-forward: a forced run (a JSON key
+# with its punctuation) plus the retokenized tail and the token before it.
+JUMP_GRAPH_TOKENS = 16
 
 
 @dataclass
@@ -165,7 +168,14 @@ def model_runner(args: EngineArgs, source: Any) -> Any:
         cuda_graph_max_bs=0 if args.disable_cuda_graph else args.cuda_graph_max_bs,
         kv_cache_dtype=args.kv_cache_dtype,
         gemm_library=args.gemm_library,
+        # jump-forward extends each forced run (a JSON key) in one short pass: from a graph
+        extend_graph_tokens=JUMP_GRAPH_TOKENS if jump_forward_on(args) else 0,
     )
+
+
+def jump_forward_on(args: EngineArgs) -> bool:
+    """Jump-forward is asked for and allowed (speculative decoding turns it off)."""
+    return args.enable_jump_forward and args.speculative_algorithm is None
 
 
 def _max_running(args: EngineArgs, runner: Any, speculative: bool) -> int:
@@ -182,7 +192,7 @@ def _max_running(args: EngineArgs, runner: Any, speculative: bool) -> int:
 def _scheduler_config(args: EngineArgs, runner: Any) -> SchedulerConfig:
     chunk = args.chunked_prefill_size or default_chunked_prefill_size(runner.device.type, runner.decode_weight_bytes)
     speculative = args.speculative_algorithm is not None
-    jump_forward = args.enable_jump_forward and not speculative
+    jump_forward = jump_forward_on(args)
     if args.enable_jump_forward and speculative:
         logger.warning("jump-forward is off with speculative decoding")
     decode_steps, decode_budget_s = continuous_decode_plan(

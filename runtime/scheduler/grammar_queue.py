@@ -167,10 +167,12 @@ class GrammarQueue:
         """Text the grammar forces next, retokenized together with the output tokens from
         ``first_mutable`` on (earlier ones are final: sent to the client, or shared with the
         radix tree). Advances the matcher; returns ``(drop_k, new_ids)`` for the caller to apply
-        to ``req.output_ids``."""
-        from phloem.grammars.jump_forward import jump_forward
+        to ``req.output_ids``. Forced runs shorter than ``MIN_JUMP_TOKENS`` are decoded instead."""
+        from phloem.grammars.jump_forward import MIN_JUMP_TOKENS, jump_forward
 
-        return jump_forward(req.grammar, self.tokenizer, req.output_ids[first_mutable:])
+        return jump_forward(
+            req.grammar, self.tokenizer, req.output_ids[first_mutable:], min_tokens=MIN_JUMP_TOKENS
+        )
 
     def automaton_rows(self, reqs: list[Req], discard: list[bool]) -> tuple[Any, Any, Any] | None:
         """``(AutomatonLaunch, rows, init)`` of a launch, or None when no row masks on the device.

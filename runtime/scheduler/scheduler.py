@@ -390,7 +390,10 @@ class Scheduler:
                     tokens = tokens[: j + 1]
                     break
         req.output_ids.extend(tokens)
-        self._check_stop(req, len(tokens), tokens[-1])
+        num_new = len(tokens)
+        if self.cfg.enable_jump_forward and req.grammar is not None and not req.grammar.is_terminated():
+            num_new += self._jump_forward(req)  # the launch ended inside a forced run
+        self._check_stop(req, num_new, tokens[-1])
 
     def append_token(self, req: Req, token: int, lp: Any) -> None:
         req.output_ids.append(token)

@@ -143,6 +143,16 @@ def test_jump_forward_applies_canonical_tokens(backend, tokenizer):
     assert matcher.num_accepted == len(new_ids)
 
 
+def test_jump_forward_leaves_short_forced_runs_to_decoding(backend, tokenizer):
+    """A forced run of fewer than ``min_tokens`` tokens is not applied; the matcher is untouched."""
+    matcher = backend.new_matcher(backend.compile(_spec("regex", r"\{\"name\": \"[a-z]+\"\}")))
+    forced = len(_encode(tokenizer, '{"name": "'))
+    assert jump_forward(matcher, tokenizer, [], min_tokens=forced + 1) == (0, [])
+    assert matcher.num_accepted == 0
+    drop_k, new_ids = jump_forward(matcher, tokenizer, [], min_tokens=forced)
+    assert (drop_k, len(new_ids)) == (0, forced) and matcher.num_accepted == forced
+
+
 def test_retokenize_boundary_merges_with_previous_tokens(tokenizer):
     prev = _encode(tokenizer, "Hello wor")
     drop_k, new_ids = retokenize_boundary(tokenizer, prev, "ld!")

@@ -50,3 +50,21 @@ def test_jump_forward_streaming_matches_non_streaming(jf_engine):
     assert chunks[-1]["output_ids"] == full["output_ids"]
     texts = [c["text"] for c in chunks]
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+
+
+def test_jump_forward_after_continuous_launches():
+    """Rows masked on the device decode several steps a launch; a launch that ends inside a forced
+    run jumps the rest of it. Outputs stay valid and the text is the canonical tokenization."""
+    params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
+    prompts = ["Customer record as JSON:", "A premium customer:"]
+    with Engine(
+        enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=4, log_level="warning"
+    ) as eng:
+        outs = eng.generate(prompts, sampling_params=params)
+        live = eng.get_server_info()["live"]
+        tok = eng.tm.tokenizer
+    assert live["continuous_decode_steps_total"] > 0 and live["jump_forward_tokens_total"] > 20
+    for o in outs:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        jsonschema.validate(json.loads(o["text"]), SCHEMA)
+        assert tok.decode(o["output_ids"]).startswith(o["text"])
