@@ -5,9 +5,10 @@
 #     benchmarks/gpu/structured_output.sh OUTDIR [RUN ...]
 #
 # A run is SHAPE:BATCH:GRAMMAR[:FLAGS] (GRAMMAR: a --grammar of step_profile.py; FLAGS, comma
-# separated: off = --grammar-on-device off, jf = --jump-forward). Every run times its constrained
-# window and then the same requests without a grammar at the constrained outputs' lengths
-# (--vs-free). Without runs, the table's matrix. Writes OUTDIR/<run>.json and .log, and
+# separated: off = --grammar-on-device off, jf = --jump-forward, req = --window request, which
+# times whole requests and is how jump-forward is compared, keys:req against keys:jf,req). Every run
+# times its constrained window and then the same requests without a grammar at the constrained
+# outputs' lengths (--vs-free). Without runs, the table's matrix. Writes OUTDIR/<run>.json and .log, and
 # OUTDIR/structured_output.json with every run's figures. Set GIT_COMMIT where the tree was
 # copied without its history.
 set -u
@@ -20,13 +21,14 @@ step="python3 benchmarks/gpu/step_profile.py --load-format dummy --tokenizer-pat
  --no-torch-profile --input-len 128 --max-new-tokens 128 --vs-free"
 runs=${*:-"smollm2-135m:1:record smollm2-135m:1:regex smollm2-135m:1:record:off smollm2-135m:32:record
  smollm2-135m:32:regex smollm2-135m:32:mixed smollm2-135m:32:record:off smollm2-135m:128:record
- smollm2-135m:128:regex smollm2-135m:128:mixed smollm2-135m:1:keys smollm2-135m:1:keys:jf
- llama3-8b:1:record llama3-8b:32:record llama3-8b:32:mixed llama3-8b:128:record llama3-8b:128:regex"}
+ smollm2-135m:128:regex smollm2-135m:128:mixed smollm2-135m:1:keys:req smollm2-135m:1:keys:jf,req
+ smollm2-135m:32:keys:req smollm2-135m:32:keys:jf,req llama3-8b:1:record llama3-8b:32:record llama3-8b:32:mixed llama3-8b:128:record llama3-8b:128:regex"}
 for run in $runs; do
     IFS=: read -r shape batch grammar flags <<< "$run"
     args="--dummy-shape $shape --batch $batch --grammar $grammar"
     case ",${flags:-}," in *,off,*) args="$args --grammar-on-device off" ;; esac
     case ",${flags:-}," in *,jf,*) args="$args --jump-forward" ;; esac
+    case ",${flags:-}," in *,req,*) args="$args --window request" ;; esac
     name=${run//:/_}
     $step $args --out "$out/$name.json" > "$out/$name.log" 2>&1 || echo "$run failed (see $out/$name.log)"
 done
@@ -45,6 +47,8 @@ for path in sorted(glob.glob(os.path.join(out, "*_*_*.json"))):
         "free_tok_s": round(f.get("tok_s", 0.0), 1), "ratio_to_free": round(r.get("ratio_to_free", 0.0), 3),
         "decode_tokens": t["decode_tokens"], "tokens_per_step": round(t["tokens_per_step"], 2),
         "grammar_rejected": t["grammar_rejected"], "finish_kinds": t["finish_kinds"],
+        **({"requests_per_s": round(t["requests_per_s"], 2), "chars_per_s": round(t["chars_per_s"], 1),
+            "jump_forward_tokens": t["jump_forward_tokens"]} if "requests_per_s" in t else {}),
     })
     print(f"{rows[-1]['run']:40s} {rows[-1]['tok_s']:>10} vs {rows[-1]['free_tok_s']:>10}  ratio {rows[-1]['ratio_to_free']}")
 json.dump({"git_commit": commit, "date": datetime.date.today().isoformat(), "device": "H200", "runs": rows},
