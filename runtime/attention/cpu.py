@@ -33,7 +33,7 @@ class CpuRowsAttention:
 
     A decode batch is one row per request (:class:`CpuBackend`). A verify pass is one row per draft
     node whose keys are its request's prefix, then its ancestors and itself, root first
-    (``speculative/verify.py``, ``verify_graph.py``): the key sequence plain decoding reads for
+    (``speculative/verify.py``, ``executor/verify_graph.py``): the key sequence plain decoding reads for
     that token, so every node is computed bit for bit as plain decoding computes it. Subclasses set
     ``_tables = (out_slots, table, req, lens)`` when they plan a pass; :meth:`decode_tables` hands
     them to the whole-step decode (``models/cpu_decode.py``). A layer the kernel does not cover (q/k

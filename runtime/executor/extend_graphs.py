@@ -6,7 +6,7 @@ decode steps' worth of time for a small model. Jump-forward makes such passes of
 run of a grammar (a JSON key and its punctuation) is one extend of ``1 + k`` tokens.
 
 A request's new tokens form a chain, which is a draft tree of one branch, so the verify pass's
-padded graphs (:class:`~phloem.runtime.speculative.verify_graph.VerifyGraphRunner`) compute it
+padded graphs (:class:`~phloem.runtime.executor.verify_graph.VerifyGraphRunner`) compute it
 exactly: node ``i`` sits at position ``prefix_len + i``, reads the cached prefix and nodes
 ``0..i``, and writes its K/V to the slot the extend would have written. A batch of at most
 ``max_bs`` requests, each with at most ``width`` new tokens, no input logprobs and no hidden
@@ -65,7 +65,7 @@ class ExtendGraphs:
     """
 
     def __init__(self, runner: Any, *, width: int, max_bs: int) -> None:
-        from phloem.runtime.speculative.verify_graph import VerifyGraphRunner
+        from phloem.runtime.executor.verify_graph import VerifyGraphRunner
 
         self.width = width
         self.limit = max_bs

@@ -186,7 +186,7 @@ def _verify_graphs(runner: Any, nodes: int, max_batch: int) -> Any:
     (``--disable-cuda-graph``: runner without decode graphs -> the same passes, eager)."""
     if runner.device.type != "cuda":
         return None
-    from phloem.runtime.speculative.verify_graph import VerifyGraphRunner
+    from phloem.runtime.executor.verify_graph import VerifyGraphRunner
 
     graphs = VerifyGraphRunner(runner, nodes=nodes, max_bs=max_batch if runner.cuda_graphs is not None else 0)
     graphs.capture()

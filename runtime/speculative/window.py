@@ -45,13 +45,13 @@ import torch.nn.functional as F
 from phloem.runtime.attention.cpu import decodes_in_rows
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
+from phloem.runtime.executor.verify_graph import CpuChainAttention, TreeVerifyBackend
 from phloem.runtime.layers.fusion import use_skinny
 from phloem.runtime.sampling.sampler import GREEDY_EPS, gumbel_argmax, min_p_drop_mask, top_k_top_p_drop_mask
 from phloem.runtime.speculative.draft_attention import draft_attend, uses_kernel
 from phloem.runtime.speculative.draft_graph import RESERVED_DRAFT_LENGTH, SCRATCH_SEQ
 from phloem.runtime.speculative.eagle import EagleDraftWorker
 from phloem.runtime.speculative.verify import GREEDY, SpecSampling
-from phloem.runtime.speculative.verify_graph import CpuChainAttention, TreeVerifyBackend
 
 __all__ = ["ChainWindow", "WindowResult", "WindowRow", "chain_accept", "chain_accept_sampled", "chain_probs"]
 

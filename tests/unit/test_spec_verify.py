@@ -249,7 +249,7 @@ def test_sampled_first_token_matches_target_distribution(runner):
 def test_padded_verify_pass_equals_per_request_pass(runner, drafter):
     """The CUDA verify layout (trees padded to a fixed width, one pass over all requests; run here
     eagerly with the plain-torch tree attention) gives the same tokens and accept lengths."""
-    from phloem.runtime.speculative.verify_graph import VerifyGraphRunner
+    from phloem.runtime.executor.verify_graph import VerifyGraphRunner
 
     refs = _reference(runner, PROMPTS, 24)
     make = (lambda: OracleDrafter(PROMPTS, refs, depth=3)) if drafter == "oracle" else (

@@ -1,4 +1,7 @@
-"""The verify pass on CUDA: padded trees, Triton tree attention, CUDA graphs (docs/design.md §5, §7).
+"""Padded tree passes on CUDA: Triton tree attention, CUDA graphs (docs/design.md §5, §7).
+
+The speculative verify pass runs here, and so do short extends (``extend_graphs.py``: a
+request's new tokens are a tree of one branch).
 
 Every request's tree is padded to ``nodes`` (the step's largest tree), so a verify batch of ``B``
 requests is always ``B * nodes`` tokens and its shapes depend on ``B`` alone. That makes it a
