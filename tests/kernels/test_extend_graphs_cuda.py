@@ -32,13 +32,10 @@ def test_short_extend_replays_match_eager(runner) -> None:
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, runner.vocab_size, (n,), generator=gen).tolist() for n in (3, 40, 130)]
     new = [torch.randint(0, runner.vocab_size, (n,), generator=gen).tolist() for n in (16, 1, 9)]
-    copies = []
-    for _ in range(2):
-        b = DirectBatcher(runner)
-        seqs = [b.new_sequence() for _ in prompts]
-        b.logits(dict(zip(seqs, prompts)))  # 130 tokens: wider than the graphs, eager
-        copies.append((b, seqs))
-    (eager_b, es), (graph_b, gs) = copies
+    b = DirectBatcher(runner)  # one batcher: its slots never repeat, so each copy has its own KV
+    es, gs = ([b.new_sequence() for _ in prompts] for _ in range(2))
+    b.logits(dict(zip(es + gs, prompts + prompts)))  # 130 tokens: wider than the graphs, eager
+    eager_b = graph_b = b
     graphs, runner.extend_graphs = runner.extend_graphs, None
     try:
         want = eager_b.logits(dict(zip(es, new)))
@@ -47,13 +44,15 @@ def test_short_extend_replays_match_eager(runner) -> None:
     fi = graph_b.build(dict(zip(gs, new)))
     assert graphs.can_run(fi, wants_rows=False)
     got = runner.forward_logits(fi)  # 3 requests replayed padded to 4
-    torch.testing.assert_close(got, want, atol=3e-2, rtol=3e-2)
+    assert _rel(got, want) < 2e-2
     nxt = want.argmax(-1).tolist()
-    torch.testing.assert_close(
-        graph_b.logits({s: [t] for s, t in zip(gs, nxt)}, decode=True),
-        eager_b.logits({s: [t] for s, t in zip(es, nxt)}, decode=True),
-        atol=3e-2, rtol=3e-2,
-    )  # fmt: skip
+    after_graph = graph_b.logits({s: [t] for s, t in zip(gs, nxt)}, decode=True)
+    after_eager = eager_b.logits({s: [t] for s, t in zip(es, nxt)}, decode=True)
+    assert _rel(after_graph, after_eager) < 2e-2  # the K/V the graph wrote reads back the same
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).norm() / b.float().norm())
 
 
 def test_jump_forward_on_cuda_gives_valid_json() -> None:
@@ -75,7 +74,7 @@ def test_jump_forward_on_cuda_gives_valid_json() -> None:
         ],
         "additionalProperties": False,
     }
-    params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(schema)}
+    params = {"max_new_tokens": 256, "temperature": 0, "json_schema": json.dumps(schema)}
     tok = os.environ.get("PHLOEM_TEST_TOKENIZER")  # dummy weights with a tokenizer, else the default model
     model = {"load_format": "dummy", "tokenizer_path": tok} if tok else {}
     with Engine(

@@ -35,14 +35,12 @@ def batchers(runner):
 
 
 def _two_copies(make, prompts):
-    """Two copies of the same sequences (their prompts' KV in the pool), one per path."""
-    out = []
-    for _ in range(2):
-        b = make()
-        seqs = [b.new_sequence() for _ in prompts]
-        b.logits(dict(zip(seqs, prompts)))
-        out.append((b, seqs))
-    return out
+    """Two copies of the same sequences (their prompts' KV in the pool), one per path; one batcher,
+    whose slots never repeat, so each copy writes and reads its own KV."""
+    b = make()
+    first, second = ([b.new_sequence() for _ in prompts] for _ in range(2))
+    b.logits(dict(zip(first + second, prompts + prompts)))
+    return (b, first), (b, second)
 
 
 def test_chain_pass_equals_plain_extend(runner, batchers):
