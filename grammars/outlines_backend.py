@@ -33,8 +33,11 @@ class _OutlinesGrammar:
     token_bytes: list[bytes | None]
     stop_token_ids: tuple[int, ...]
     num_words: int
+    first_bytes: np.ndarray  # [V] int16: each token's first byte, -1 for none (``first_byte_table``)
     masks: dict[int, np.ndarray] = field(default_factory=dict)
     automaton: TokenAutomaton | None = None  # the same DFA as device tables, when asked for
+    # state -> (the common byte prefix of its allowed tokens, a token spelling exactly that prefix)
+    prefixes: dict[int, tuple[bytes, int | None]] = field(default_factory=dict)
 
     def mask(self, state: int) -> np.ndarray:
         """The int32 mask row of a DFA state (cached)."""
@@ -52,6 +55,42 @@ class _OutlinesGrammar:
         bits = np.zeros(self.num_words * 32, dtype=np.uint8)
         bits[allowed] = 1
         return np.packbits(bits, bitorder="little").view(np.int32)
+
+    def common_prefix(self, state: int) -> tuple[bytes, int | None]:
+        """Longest common byte prefix of the tokens ``state`` allows (stop tokens aside), and a
+        token spelling exactly that prefix (cached per state; the DFA never changes). Asked after
+        every token under jump-forward, so a state whose tokens start with different bytes (most
+        of them: inside a string, every token is allowed) is answered without a Python loop."""
+        found = self.prefixes.get(state)
+        if found is None:
+            found = self.prefixes[state] = self._common_prefix(state)
+        return found
+
+    def _common_prefix(self, state: int) -> tuple[bytes, int | None]:
+        allowed = self._allowed(state)
+        if allowed.size == 0:
+            return b"", None
+        first = self.first_bytes[allowed]
+        if first[0] < 0 or (first != first[0]).any():
+            return b"", None  # an empty spelling, or two first bytes: nothing in common
+        spellings = {int(t): self.token_bytes[t] or b"" for t in allowed}
+        lo, hi = min(spellings.values()), max(spellings.values())
+        size = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
+        prefix = lo[:size]
+        exact = next((t for t, sp in spellings.items() if sp == prefix), None) if prefix else None
+        return prefix, exact
+
+    def _allowed(self, state: int) -> np.ndarray:
+        """The ordinary tokens ``state`` allows (from the automaton's sorted keys when it is built)."""
+        a = self.automaton
+        if a is not None:
+            local = a.local(state)
+            lo, hi = np.searchsorted(a.keys, [local * a.vocab_size, (local + 1) * a.vocab_size])
+            tokens = a.keys[lo:hi] - local * a.vocab_size
+            tokens = tokens[a.targets[lo:hi] >= 0]  # stop tokens lead out of the automaton
+        else:
+            tokens = np.asarray(self.index.get_allowed_tokens(state) or [], dtype=np.int64)
+        return tokens[np.isin(tokens, self.stop_token_ids, invert=True)]
 
     def next_state(self, state: int, token_id: int) -> int | None:
         """The state after ``token_id``, ``_TERMINATED`` for an allowed stop token, else None."""
@@ -99,28 +138,12 @@ class OutlinesMatcher(GrammarMatcher):
         for _ in range(_MAX_JUMP_STEPS):
             if state == _TERMINATED or grammar.index.is_final_state(state):
                 break
-            prefix, exact = self._common_prefix(state)
+            prefix, exact = grammar.common_prefix(state)
             forced += prefix
             if exact is None:
                 break
             state = grammar.index.get_next_state(state, exact)
         return forced.decode("utf-8", errors="ignore")
-
-    def _common_prefix(self, state: int) -> tuple[bytes, int | None]:
-        """Longest common byte prefix of allowed tokens, and a token spelling exactly that prefix."""
-        allowed = [
-            t
-            for t in self._grammar.index.get_allowed_tokens(state) or []
-            if t not in self._grammar.stop_token_ids
-        ]
-        spellings = {t: self._grammar.token_bytes[t] or b"" for t in allowed}
-        if not spellings:
-            return b"", None
-        lo, hi = min(spellings.values()), max(spellings.values())
-        size = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
-        prefix = lo[:size]
-        exact = next((t for t, s in spellings.items() if s == prefix), None) if prefix else None
-        return prefix, exact
 
     def copy(self) -> OutlinesMatcher:
         return OutlinesMatcher(self._grammar, list(self._states))
@@ -173,6 +196,7 @@ class OutlinesBackend(GrammarBackend):
         self._whitespace = whitespace_pattern
         self._max_depth = max_recursion_depth
         self._token_bytes = token_bytes_table(tokenizer, vocab_size=self.vocab_size)
+        self._first_bytes = first_byte_table(self._token_bytes)
         self._vocabulary = _build_vocabulary(self._token_bytes, self.stop_token_ids)
 
     def _compile(self, spec: GrammarSpec) -> _OutlinesGrammar:
@@ -185,6 +209,7 @@ class OutlinesBackend(GrammarBackend):
             token_bytes=self._token_bytes,
             stop_token_ids=self.stop_token_ids,
             num_words=(self.vocab_size + 31) // 32,
+            first_bytes=self._first_bytes,
             automaton=automaton,
         )
 
@@ -214,6 +239,11 @@ def token_bytes_table(tokenizer: Any, *, vocab_size: int) -> list[bytes | None]:
         if token_id < vocab_size and token_id not in special:
             table[token_id] = _piece_bytes(piece, unicode_to_byte)
     return table
+
+
+def first_byte_table(table: Sequence[bytes | None]) -> np.ndarray:
+    """Each token's first byte (int16), -1 where it spells nothing."""
+    return np.array([piece[0] if piece else -1 for piece in table], dtype=np.int16)
 
 
 def _piece_bytes(piece: str, unicode_to_byte: dict[str, int]) -> bytes:

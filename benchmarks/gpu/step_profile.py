@@ -181,7 +181,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     """Admit every request and step until each finished: whole requests, prefill included. Counts
     the output's characters too: jump-forward writes forced text in the tokenizer's own spelling,
     which can take fewer tokens than the model would pick, so tokens/s alone would undersell it."""
-    jumped = s.stats.jump_forward_tokens
+    jumped, passes = s.stats.jump_forward_tokens, _extend_passes(s)
     for r in reqs:
         s.add_request(r)
     t0 = time.perf_counter()
@@ -198,10 +198,16 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "steps": steps, "seconds": total, "decode_tokens": tokens, "tok_s": tokens / total,
         "chars": chars, "chars_per_s": chars / total, "requests_per_s": len(reqs) / total,
         "jump_forward_tokens": s.stats.jump_forward_tokens - jumped,
+        "extend_graph_passes": _extend_passes(s) - passes,  # jumps' extends replayed from graphs
         "tokens_per_step": tokens / max(steps, 1),
         "grammar_rejected": sum(kind == "abort" for kind in kinds),  # must be 0
         "finish_kinds": sorted(set(kinds)),
     }  # fmt: skip
+
+
+def _extend_passes(s: Any) -> int:
+    graphs = getattr(getattr(s.worker, "runner", None), "extend_graphs", None)
+    return graphs.passes if graphs is not None else 0
 
 
 def finish(s: Any, reqs: list[Any]) -> None:

@@ -74,6 +74,7 @@ class ExtendGraphs:
             runner, nodes=width, max_bs=max_bs if runner.device.type == "cuda" else 0
         )
         self.device = runner.device
+        self.passes = 0  # extends run here (a benchmark reads it)
 
     def capture(self) -> None:
         self.verify.capture()
@@ -108,4 +109,5 @@ class ExtendGraphs:
             last.append(b * self.width + n - 1)
             offset += n
         logits, _ = self.verify.run(reqs)
+        self.passes += 1
         return logits[to_device(torch.tensor(last), logits.device)]

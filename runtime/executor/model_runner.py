@@ -75,7 +75,7 @@ _DEFAULT_MEM_FRACTION = {"cpu": 0.25, "cuda": 0.85}
 # (a 256-request decode step of a 152k-token vocabulary is 156 MB; 64 rows of 128k, 33 MB).
 _PINNED_LOGPROB_BYTES = 256 << 20
 # Short extend passes (``extend_graph_tokens``) of up to this many requests replay graphs.
-EXTEND_GRAPH_MAX_BS = 16
+EXTEND_GRAPH_MAX_BS = 32
 
 
 @dataclass(frozen=True)

@@ -198,3 +198,40 @@ def test_a_digit_means_an_ascii_digit_on_the_device(backend, tokenizer):
     allowed = _allowed(auto.masks[auto.initial])
     texts = tokenizer.convert_ids_to_tokens([int(t) for t in allowed if t < len(tokenizer)])
     assert texts and all(all(c in "0123456789" for c in t) for t in texts), texts[:10]
+
+
+def _prefix_by_hand(grammar, state: int) -> tuple[bytes, int | None]:
+    """The common byte prefix of every allowed token, spelled out token by token (the oracle)."""
+    stops = set(grammar.stop_token_ids)
+    allowed = [t for t in grammar.index.get_allowed_tokens(state) or [] if t not in stops]
+    spellings = {t: grammar.token_bytes[t] or b"" for t in allowed}
+    if not spellings:
+        return b"", None
+    lo, hi = min(spellings.values()), max(spellings.values())
+    size = next((i for i, (a, b) in enumerate(zip(lo, hi)) if a != b), min(len(lo), len(hi)))
+    prefix = lo[:size]
+    exact = [t for t, s in spellings.items() if s == prefix] if prefix else []
+    return prefix, (exact[0] if exact else None)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_jump_forward_prefixes_match_the_token_by_token_answer(tokenizer, backend, classes, name):
+    """The cached prefix of a state (read from the automaton's keys, first bytes compared at once)
+    is the one a loop over every allowed token finds, on walks through the grammar, with and
+    without the automaton built."""
+    plain = create_backend("outlines", tokenizer=tokenizer, vocab_size=WIDTH, stop_token_ids=STOP_TOKEN_IDS)
+    for b in (backend, plain):
+        matcher = b.new_matcher(b.compile(SPECS[name]))
+        grammar = matcher._grammar
+        rng = random.Random(0)
+        for _ in range(200):
+            state = matcher._states[-1]
+            want = _prefix_by_hand(grammar, state)
+            got = grammar.common_prefix(state)
+            assert got[0] == want[0] and (got[1] is None) == (want[1] is None)
+            if got[1] is not None:
+                assert grammar.token_bytes[got[1]] == got[0]
+            token = _pick(rng, _allowed(_host_mask(matcher)), STOP_TOKEN_IDS, classes)
+            assert matcher.accept_token(token)
+            if matcher.is_terminated():
+                break
