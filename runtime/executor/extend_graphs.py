@@ -92,22 +92,28 @@ class ExtendGraphs:
             and not fi.return_hidden_states
             and 0 < fi.batch_size <= self.limit
             and (bool(self.verify.graphs) or self.device.type == "cpu")
-            and fi.input_ids.is_cpu
+            and fi.extend_lens.is_cpu  # the layout is built on the host (the ids may be on the device)
             and int(fi.extend_lens.max()) <= self.width
         )
 
     def logits(self, fi: ForwardInput) -> torch.Tensor:
-        """Float logits ``[B, V]`` of each request's last new token (``fi``'s tensors on the host)."""
+        """Float logits ``[B, V]`` of each request's last new token. Every tensor of ``fi`` but
+        ``input_ids`` is on the host; the ids may be on the device already (the worker resolves
+        future ids there), so they are written into the padded layout there, never read back."""
         lens = fi.extend_lens.tolist()
-        ids = fi.input_ids.tolist()
+        ids = [0] * fi.num_tokens  # placeholders: the ids are written on the device (never read here)
         prefix = fi.prefix_lens.tolist()
         rows = fi.req_pool_indices.tolist()
-        reqs, last, offset = [], [], 0
+        reqs: list[_ChainRequest] = []
+        last: list[int] = []
+        where: list[int] = []
+        offset = 0
         for b, n in enumerate(lens):
             chain = _Chain(ids[offset : offset + n])
             reqs.append(_ChainRequest(chain, prefix[b], fi.out_slots[offset : offset + n], rows[b]))
+            where.extend(range(b * self.width, b * self.width + n))
             last.append(b * self.width + n - 1)
             offset += n
-        logits, _ = self.verify.run(reqs)
+        logits, _ = self.verify.run(reqs, device_ids=(torch.tensor(where), fi.input_ids))
         self.passes += 1
         return logits[to_device(torch.tensor(last), logits.device)]

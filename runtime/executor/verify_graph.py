@@ -36,7 +36,7 @@ from phloem.runtime.attention.triton_verify import tree_verify_attention, tree_v
 from phloem.runtime.cache.kv_pool import PADDING_SLOT
 from phloem.runtime.executor.cuda_graph import capture_batch_sizes, capture_graphs
 from phloem.runtime.forward_io import ForwardMode
-from phloem.runtime.host_copy import pack_to_device
+from phloem.runtime.host_copy import pack_to_device, to_device
 
 __all__ = ["CpuChainAttention", "TreeVerifyBackend", "VerifyGraphRunner"]
 
@@ -190,15 +190,21 @@ class VerifyGraphRunner:
         }  # fmt: skip
 
     @torch.inference_mode()
-    def run(self, reqs: Sequence[Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def run(
+        self, reqs: Sequence[Any], *, device_ids: tuple[torch.Tensor, torch.Tensor] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits ``[bs * nodes, V]`` and hidden states ``[bs * nodes, H]`` (request ``b``'s node ``i``
-        at row ``b * nodes + i``; ``bs >= len(reqs)``). Graph outputs are valid until the next run."""
+        at row ``b * nodes + i``; ``bs >= len(reqs)``). Graph outputs are valid until the next run.
+        ``device_ids``: ``(index, ids)``, node tokens already on the device (a previous step's
+        samples), written at flat node positions ``index`` (host) over the trees' own tokens."""
         padded = next((s for s in self.batch_sizes if s >= len(reqs)), None)
-        if padded is None:  # beyond the graphs: the same pass, eagerly
-            host = self.host_inputs(reqs, len(reqs))
-            return self._pass(dict(zip(host, pack_to_device(list(host.values()), self.device))))  # type: ignore[arg-type]
-        host = self.host_inputs(reqs, padded)
+        host = self.host_inputs(reqs, padded or len(reqs))
         dev = dict(zip(host, pack_to_device(list(host.values()), self.device)))
+        if device_ids is not None:
+            index, ids = device_ids
+            dev["input_ids"][to_device(index, self.device)] = ids.to(self.device)
+        if padded is None:  # beyond the graphs: the same pass, eagerly
+            return self._pass(dev)
         for k, v in self._views(self.static, padded).items():
             v.copy_(dev[k])
         self.graphs[padded].replay()
