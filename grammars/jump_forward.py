@@ -72,15 +72,22 @@ def jump_forward(
     *,
     window: int = DEFAULT_WINDOW,
     min_tokens: int = 1,
+    max_tokens: int | None = None,
 ) -> tuple[int, list[int]]:
     """Find forced text, retokenize it at the boundary and apply it to ``matcher``.
 
     Mutates ``matcher`` (rolled back ``drop_k``, then advanced over ``new_ids``). When the grammar
     rejects the retokenized ids, or the jump would add fewer than ``min_tokens`` tokens
     (``len(new_ids) - drop_k``), the matcher is left as it was and ``(0, [])`` is returned.
+
+    ``max_tokens`` caps the tokens the jump adds (what is left of the request's budget). A jump
+    that appends only forced text is cut to it; one that also rewrote the tail is not taken,
+    because its cut ids may spell less text than the tokens they would replace.
     """
     forced = find_jump_forward(matcher)
     drop_k, new_ids = retokenize_boundary(tokenizer, prev_output_ids, forced, window=window)
+    if max_tokens is not None and len(new_ids) - drop_k > max_tokens:
+        new_ids = [] if drop_k else new_ids[: max(max_tokens, 0)]
     if not new_ids or len(new_ids) - drop_k < min_tokens:
         return 0, []
     dropped = list(prev_output_ids[len(prev_output_ids) - drop_k :]) if drop_k else []

@@ -167,11 +167,16 @@ class GrammarQueue:
         """Text the grammar forces next, retokenized together with the output tokens from
         ``first_mutable`` on (earlier ones are final: sent to the client, or shared with the
         radix tree). Advances the matcher; returns ``(drop_k, new_ids)`` for the caller to apply
-        to ``req.output_ids``. Forced runs shorter than ``MIN_JUMP_TOKENS`` are decoded instead."""
+        to ``req.output_ids``. Forced runs shorter than ``MIN_JUMP_TOKENS`` are decoded instead,
+        and the jump never takes the output past ``max_new_tokens``."""
         from phloem.grammars.jump_forward import MIN_JUMP_TOKENS, jump_forward
 
         return jump_forward(
-            req.grammar, self.tokenizer, req.output_ids[first_mutable:], min_tokens=MIN_JUMP_TOKENS
+            req.grammar,
+            self.tokenizer,
+            req.output_ids[first_mutable:],
+            min_tokens=MIN_JUMP_TOKENS,
+            max_tokens=req.params.max_new_tokens - len(req.output_ids),
         )
 
     def automaton_rows(self, reqs: list[Req], discard: list[bool]) -> tuple[Any, Any, Any] | None:

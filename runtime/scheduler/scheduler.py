@@ -429,12 +429,8 @@ class Scheduler:
         assert self.grammar is not None
         kept_kv = min(req.kv_len, len(req.fill_ids) - 1)  # the newest token has no KV yet
         first_mutable = max(req.sent_output_len, req.prefix_len - req.prompt_len, 0)
-        drop_k, new_ids = self.grammar.jump_forward(req, first_mutable=first_mutable)
-        budget = req.params.max_new_tokens - (len(req.output_ids) - drop_k)
-        if new_ids and len(new_ids) > budget:
-            req.grammar.rollback(len(new_ids) - max(budget, 0))
-            new_ids = new_ids[: max(budget, 0)]
-        if not new_ids and not drop_k:
+        drop_k, new_ids = self.grammar.jump_forward(req, first_mutable=first_mutable)  # within budget
+        if not new_ids:
             return 0
         if drop_k:
             del req.output_ids[len(req.output_ids) - drop_k :]

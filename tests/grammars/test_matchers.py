@@ -153,6 +153,25 @@ def test_jump_forward_leaves_short_forced_runs_to_decoding(backend, tokenizer):
     assert (drop_k, len(new_ids)) == (0, forced) and matcher.num_accepted == forced
 
 
+def test_jump_forward_stays_within_the_token_budget(backend, tokenizer):
+    """A jump of forced text only is cut to ``max_tokens``; one that rewrote the tail is not taken
+    when cut (its cut ids could spell less than the tokens they replace)."""
+    matcher = backend.new_matcher(backend.compile(_spec("regex", r"\{\"name\": \"[a-z]+\"\}")))
+    drop_k, new_ids = jump_forward(matcher, tokenizer, [], max_tokens=2)
+    assert (drop_k, new_ids) == (0, _encode(tokenizer, '{"name": "')[:2]) and matcher.num_accepted == 2
+    assert jump_forward(matcher, tokenizer, new_ids, max_tokens=0) == (0, [])
+
+    matcher = backend.new_matcher(backend.compile(_spec("regex", r"Hello world!")))
+    prev = _encode(tokenizer, "Hello wor")
+    assert matcher.accept_tokens(prev) == len(prev)
+    drop_k, new_ids = retokenize_boundary(tokenizer, prev, "ld!")
+    assert drop_k > 0  # the tail is rewritten ("wor" + "ld" -> "world")
+    added = len(new_ids) - drop_k
+    assert jump_forward(matcher, tokenizer, prev, max_tokens=added - 1) == (0, [])
+    assert matcher.num_accepted == len(prev) and matcher.find_jump_forward_string() == "ld!"
+    assert jump_forward(matcher, tokenizer, prev, max_tokens=added) == (drop_k, new_ids)
+
+
 def test_retokenize_boundary_merges_with_previous_tokens(tokenizer):
     prev = _encode(tokenizer, "Hello wor")
     drop_k, new_ids = retokenize_boundary(tokenizer, prev, "ld!")

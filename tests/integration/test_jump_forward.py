@@ -68,3 +68,16 @@ def test_jump_forward_after_continuous_launches():
         assert o["meta_info"]["finish_reason"]["type"] == "stop", o
         jsonschema.validate(json.loads(o["text"]), SCHEMA)
         assert tok.decode(o["output_ids"]).startswith(o["text"])
+
+
+def test_jump_forward_cut_by_max_new_tokens(jf_engine):
+    """A forced run longer than what is left of ``max_new_tokens`` never takes the output past it
+    nor shortens it: exactly ``max_new_tokens`` tokens, spelling the start of the forced text."""
+    forced = '{"customer_full_name": "'
+    tok = jf_engine.tm.tokenizer
+    for budget in (1, 3, len(tok.encode(forced, add_special_tokens=False)) - 1):
+        params = {"max_new_tokens": budget, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
+        out = jf_engine.generate("Customer record as JSON:", sampling_params=params)
+        assert out["meta_info"]["finish_reason"]["type"] == "length", out
+        assert len(out["output_ids"]) == budget
+        assert forced.startswith(tok.decode(out["output_ids"])) and out["text"]
