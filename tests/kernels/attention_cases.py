@@ -55,6 +55,24 @@ SMALL_BATCHES: dict[str, tuple[list[int], list[int], ForwardMode]] = {
     "extend_edges_small": ([64, 0, 3, 0], [64, 128, 1, 5], ForwardMode.EXTEND),
 }
 SMALL_HEADS = {"gqa2_d64": Heads(4, 2, 64), "gqa4_d128": Heads(4, 1, 128)}
+# Under the interpreter (``interpret_attention.py``) a decode case takes seconds, so the CPU run
+# takes each value once rather than every combination; the compiled CUDA tests run full tables.
+# fp8 pools: scales that make the kernels' folding visible (unit scales are in the CUDA table).
+INTERPRETED_FP8_SCALES = {"scaled": (0.05, 0.02)}
+# (compute dtype, qk_norm) of the decode kernel's new-token cases
+INTERPRETED_NEW_KV = [("fp32", False), ("fp16", True)]
+INTERPRETED_VIEW_TILES = (None, (64, 64), (16, 64))
+
+
+def interpreted_cases(fp8: bool) -> int:
+    """The ``ok`` lines a passing ``interpret_attention`` run prints: the small batches in fp32
+    and fp16 (and an fp16 extend through the contiguous kernel too), then without ``fp8`` the
+    contiguous kernel on qkv views and the decode kernel's new-token cases."""
+    extend = sum(mode == ForwardMode.EXTEND for _, _, mode in SMALL_BATCHES.values())
+    if fp8:
+        return len(SMALL_HEADS) * len(SMALL_BATCHES) * 2 * len(INTERPRETED_FP8_SCALES)
+    per_heads = len(SMALL_BATCHES) * 2 + extend + len(INTERPRETED_VIEW_TILES) + len(INTERPRETED_NEW_KV)
+    return len(SMALL_HEADS) * per_heads
 
 
 @dataclass

@@ -2,8 +2,11 @@
 
 ``TRITON_INTERPRET=1`` must be set before ``triton`` is imported, so this runs in its own process
 (see ``test_attention_triton_interpret.py``). Prints one line per case, exits non-zero on failure.
-``--fp8``: the same cases over an fp8 KV pool, with unit and non-unit scales
-(``test_triton_fp8.py``).
+``--fp8``: the same cases over an fp8 KV pool with non-unit scales (``test_triton_fp8.py``).
+
+Each interpreted decode case takes seconds (every split of the grid is a Python loop), so the
+CPU run covers each variable once rather than every combination; the compiled tests on CUDA
+(``test_attention_triton.py``, ``test_triton_fp8.py``) run the full tables.
 """
 
 from __future__ import annotations
@@ -19,6 +22,9 @@ from phloem.runtime.forward_io import ForwardMode  # noqa: E402
 
 from tests.kernels.attention_cases import (  # noqa: E402
     DTYPES,
+    INTERPRETED_FP8_SCALES,
+    INTERPRETED_NEW_KV,
+    INTERPRETED_VIEW_TILES,
     SMALL_BATCHES,
     SMALL_HEADS,
     check_contiguous_extend_on_views,
@@ -27,8 +33,6 @@ from tests.kernels.attention_cases import (  # noqa: E402
     make_batch,
 )
 
-# (k_scale, v_scale) of the fp8 runs: the default, and scales that make the kernels' folding visible
-FP8_SCALES = {"scale1": (1.0, 1.0), "scaled": (0.05, 0.02)}
 # decode contexts (before the new token) putting it alone, last in a 64-key block, first in one
 DECODE_EDGES = [0, 63, 17, 64, 90]
 
@@ -36,7 +40,7 @@ DECODE_EDGES = [0, 63, 17, 64, 90]
 def main(fp8: bool = False) -> int:
     failures = 0
     pools = (
-        {f"fp8_{k}": (torch.float8_e4m3fn, s) for k, s in FP8_SCALES.items()} if fp8 else {"": (None, None)}
+        {f"fp8_{k}": (torch.float8_e4m3fn, s) for k, s in INTERPRETED_FP8_SCALES.items()} if fp8 else {"": (None, None)}
     )
     for batch_name, (prefix, extend, mode) in SMALL_BATCHES.items():
         for heads_name, heads in SMALL_HEADS.items():
@@ -66,7 +70,7 @@ def main(fp8: bool = False) -> int:
     if not fp8:
         for heads_name, heads in SMALL_HEADS.items():
             # the default tiles, the wide ones of prefix-heavy passes, a prefix tile below the new keys'
-            for tiles in (None, (64, 64), (16, 64)):
+            for tiles in INTERPRETED_VIEW_TILES:
                 name = f"contiguous extend on qkv views {heads_name} tiles {tiles or 'default'}"
                 try:
                     err = check_contiguous_extend_on_views(heads, device="cpu", seed=11, tiles=tiles)
@@ -76,17 +80,16 @@ def main(fp8: bool = False) -> int:
                     print(f"FAIL {name}: {exc}")
         # the step's token rotated and stored by the decode kernel, new keys at block edges
         for heads_name, heads in SMALL_HEADS.items():
-            for dtype_name in ("fp32", "fp16"):
-                for norm in (False, True):
-                    name = f"decode new kv {heads_name} {dtype_name}{' qk_norm' if norm else ''}"
-                    try:
-                        err = check_decode_new_kv(
-                            DECODE_EDGES, heads, dtype=DTYPES[dtype_name], device="cpu", seed=3, qk_norm=norm
-                        )
-                        print(f"ok   {name} rel_diff={err:.2e}")
-                    except AssertionError as exc:
-                        failures += 1
-                        print(f"FAIL {name}: {exc}")
+            for dtype_name, norm in INTERPRETED_NEW_KV:
+                name = f"decode new kv {heads_name} {dtype_name}{' qk_norm' if norm else ''}"
+                try:
+                    err = check_decode_new_kv(
+                        DECODE_EDGES, heads, dtype=DTYPES[dtype_name], device="cpu", seed=3, qk_norm=norm
+                    )
+                    print(f"ok   {name} rel_diff={err:.2e}")
+                except AssertionError as exc:
+                    failures += 1
+                    print(f"FAIL {name}: {exc}")
     return 1 if failures else 0
 
 

@@ -25,10 +25,10 @@ def run_interpreted(module: str, *args: str, timeout: float = 300) -> subprocess
     )
 
 
-def assert_interpreted_cases_pass(module: str, expected: int) -> None:
+def assert_interpreted_cases_pass(module: str, expected: int, *args: str) -> None:
     """Run a case module under the interpreter (:func:`run_interpreted`): it must exit 0 and print
     exactly ``expected`` ``ok`` lines (so a case that silently stopped running fails too)."""
-    proc = run_interpreted(module)
+    proc = run_interpreted(module, *args)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
     assert passed == expected, proc.stdout

@@ -11,7 +11,8 @@ import importlib.util
 import pytest
 import torch
 
-from .interpreter import run_interpreted
+from .attention_cases import interpreted_cases
+from .interpreter import assert_interpreted_cases_pass
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -21,5 +22,4 @@ from .interpreter import run_interpreted
     "(the interpreter of triton 3.6 with numpy 2.5 also fails on scalar loads used as loop bounds)",
 )
 def test_triton_kernels_under_interpreter() -> None:
-    proc = run_interpreted("tests.kernels.interpret_attention")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_interpreted_cases_pass("tests.kernels.interpret_attention", interpreted_cases(False))

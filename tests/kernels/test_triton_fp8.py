@@ -18,13 +18,12 @@ from .attention_cases import (
     BATCHES,
     DTYPES,
     HEADS,
-    SMALL_BATCHES,
-    SMALL_HEADS,
     check_decode_new_kv,
     compare_with_ref,
+    interpreted_cases,
     make_batch,
 )
-from .interpreter import run_interpreted
+from .interpreter import assert_interpreted_cases_pass
 
 FP8 = torch.float8_e4m3fn
 SCALES = {"scale1": (1.0, 1.0), "scaled": (0.05, 0.02)}
@@ -36,10 +35,7 @@ needs_cuda = pytest.mark.skipif(
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled tests below run instead")
 def test_triton_fp8_kernels_under_interpreter() -> None:
-    proc = run_interpreted("tests.kernels.interpret_attention", "--fp8")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    cases = len(SMALL_BATCHES) * len(SMALL_HEADS) * 2 * len(SCALES)  # x (fp32, fp16) x scales
-    assert proc.stdout.count("ok ") == cases, proc.stdout
+    assert_interpreted_cases_pass("tests.kernels.interpret_attention", interpreted_cases(True), "--fp8")
 
 
 @pytest.mark.gpu
