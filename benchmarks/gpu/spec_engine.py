@@ -108,6 +108,8 @@ def main() -> None:
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test)")
+    p.add_argument("--quantization", default=None,
+                   help="the engine's --quantization (default: the device's; none keeps a GGUF's float weights)")  # fmt: skip
     p.add_argument("--out", required=True)
     args = p.parse_args()
 
@@ -123,7 +125,8 @@ def main() -> None:
             extra["speculative_draft_model_path"] = args.head
         t = time.perf_counter()
         with Engine(model_path=args.model, tokenizer_path=args.tokenizer_path, device=args.device, dtype=args.dtype,
-                    max_running_requests=max(batches), log_level="warning", **extra) as eng:  # fmt: skip
+                    max_running_requests=max(batches), log_level="warning",
+                    **({"quantization": args.quantization} if args.quantization else {}), **extra) as eng:  # fmt: skip
             startup = time.perf_counter() - t
             results[name] = {"settings": extra, "startup_s": round(startup, 1)}
             for b in batches:
@@ -148,7 +151,8 @@ def main() -> None:
         commit = ""
     record = {"command": "python3 benchmarks/gpu/spec_engine.py " + " ".join(sys.argv[1:]),
               "git_commit": commit or os.environ.get("GIT_COMMIT", ""), "date": time.strftime("%Y-%m-%d"),
-              "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "results": results}  # fmt: skip
+              "max_new_tokens": args.max_new_tokens, "dtype": args.dtype, "quantization": args.quantization,
+              "results": results}  # fmt: skip
     with open(args.out, "w") as f:
         json.dump(record, f, indent=1)
 
