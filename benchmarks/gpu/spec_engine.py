@@ -108,8 +108,9 @@ def main() -> None:
     p.add_argument("--configs", default=",".join(CONFIGS))
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda", help="cuda (cpu: a smoke test)")
-    p.add_argument("--quantization", default=None,
-                   help="the engine's --quantization (default: the device's; none keeps a GGUF's float weights)")  # fmt: skip
+    p.add_argument(
+        "--quantization", default=None, help="the engine's --quantization (none: a GGUF's float weights)"
+    )
     p.add_argument("--out", required=True)
     args = p.parse_args()
 

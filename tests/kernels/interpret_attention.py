@@ -39,9 +39,8 @@ DECODE_EDGES = [0, 63, 17, 64, 90]
 
 def main(fp8: bool = False) -> int:
     failures = 0
-    pools = (
-        {f"fp8_{k}": (torch.float8_e4m3fn, s) for k, s in INTERPRETED_FP8_SCALES.items()} if fp8 else {"": (None, None)}
-    )
+    fp8_pools = {f"fp8_{k}": (torch.float8_e4m3fn, s) for k, s in INTERPRETED_FP8_SCALES.items()}
+    pools = fp8_pools if fp8 else {"": (None, None)}
     for batch_name, (prefix, extend, mode) in SMALL_BATCHES.items():
         for heads_name, heads in SMALL_HEADS.items():
             # bf16 is left to the GPU test: the interpreter's tl.dot gives garbage for bf16
