@@ -46,6 +46,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         "device": args.device,
         "dtype": args.dtype,
         "disable_overlap_schedule": args.no_overlap,
+        "enable_cpu_overlap_schedule": args.cpu_overlap,
         "disable_cuda_graph": args.no_cuda_graph,
         "max_running_requests": max(args.batch, 1),
         "num_continuous_decode_steps": args.decode_steps,
@@ -181,7 +182,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     """Admit every request and step until each finished: whole requests, prefill included. Counts
     the output's characters too: jump-forward writes forced text in the tokenizer's own spelling,
     which can take fewer tokens than the model would pick, so tokens/s alone would undersell it."""
-    jumped, passes = s.stats.jump_forward_tokens, _extend_passes(s)
+    jumped, stale, passes = s.stats.jump_forward_tokens, s.stats.jump_stale_tokens, _extend_passes(s)
     for r in reqs:
         s.add_request(r)
     t0 = time.perf_counter()
@@ -198,6 +199,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "steps": steps, "seconds": total, "decode_tokens": tokens, "tok_s": tokens / total,
         "chars": chars, "chars_per_s": chars / total, "requests_per_s": len(reqs) / total,
         "jump_forward_tokens": s.stats.jump_forward_tokens - jumped,
+        "jump_stale_tokens": s.stats.jump_stale_tokens - stale,  # in flight at a jump, thrown away
         "extend_graph_passes": _extend_passes(s) - passes,  # jumps' extends replayed from graphs
         "tokens_per_step": tokens / max(steps, 1),
         "grammar_rejected": sum(kind == "abort" for kind in kinds),  # must be 0
@@ -350,6 +352,7 @@ def main() -> None:
                    help="what the timed and profiled windows cover (request: admission to last token)")  # fmt: skip
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--no-overlap", action="store_true")
+    p.add_argument("--cpu-overlap", action="store_true", help="the overlap loop on the CPU too (off there by default)")
     p.add_argument("--decode-steps", type=int, default=0, help="--num-continuous-decode-steps (0: auto)")
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")

@@ -48,6 +48,9 @@ class Req:
     extend_len: int = 0  # new tokens in the pass being built
     is_chunked: bool = False  # prefill not finished: continues on the next prefill step
     pending_outputs: int = 0  # launched steps whose token is not processed yet (overlap)
+    # Of those, tokens launched before a jump-forward rewrote the output: they continue a text the
+    # request no longer has, so processing throws them away (``Scheduler._jump_forward``).
+    stale_outputs: int = 0
     future_ref: int = 0  # future-map index of the newest in-flight token (overlap)
     # --- reporting
     cached_tokens: int = 0
@@ -141,6 +144,14 @@ class Req:
         if self.wants_input_logprobs:
             cap = min(cap, max(self.logprob_start_len - 1, 0))
         return max(cap, 0)
+
+    def drop_stale(self, n: int) -> bool:
+        """Whether the ``n`` tokens of this request's oldest launch in flight, now processed, are
+        stale (launched before a jump); if so they are counted off and must be thrown away."""
+        if not self.stale_outputs:
+            return False
+        self.stale_outputs -= n
+        return True
 
     def finish(self, reason: FinishReason) -> None:
         if self.finished_reason is None:

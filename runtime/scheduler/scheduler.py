@@ -166,13 +166,12 @@ class Scheduler:
                 req.finish(reason)
                 self.release(req)
                 self.outputs.add(req)
-        for req in [*self.running, *([self.chunked] if self.chunked else [])]:
+        for req in [*self.running, *self.jumped, *([self.chunked] if self.chunked else [])]:
             if abort_all or req.rid == rid:
                 req.finish(reason)  # leaves the batch when its in-flight step is processed
-        if not self.inflight:
+        if not self.inflight:  # nothing reads their rows: they leave now, and their answer with them
             self._drop_finished_running()
-            if self.stopped:
-                self._drop_finished_parked()  # no prefill pass will pick them up meanwhile
+            self._drop_finished_parked()
         self.outputs.flush()
 
     @property
@@ -259,9 +258,9 @@ class Scheduler:
             mask, late_mask = self._grammar_mask(batch)
             self.inflight.append((batch, self.launch(batch, mask)))
         t2 = time.perf_counter()
-        # Without overlap: process what was just launched. With overlap: keep one step in flight,
-        # except for a step whose requests may jump forward (that rewrites their KV tail).
-        keep = 1 if (self.cfg.overlap and batch is not None and not self._may_jump(batch)) else 0
+        # Without overlap: process what was just launched. With overlap: keep one step in flight
+        # (a request that jumps forward meanwhile throws that step's tokens away: _jump_forward).
+        keep = 1 if (self.cfg.overlap and batch is not None) else 0
         while len(self.inflight) > keep:
             self._process_oldest()
         if self.record_step_times:  # what this step spent where (the scheduler process's loop trace)
@@ -420,12 +419,15 @@ class Scheduler:
         self.outputs.add(req)
 
     # ------------------------------------------------------------------ jump-forward
-    def _may_jump(self, batch: ScheduledBatch) -> bool:
-        return self.cfg.enable_jump_forward and any(r.grammar is not None for r in batch.reqs)
-
     def _jump_forward(self, req: Req) -> int:
         """Append the text the grammar forces, retokenized at the boundary. Returns the number of
-        tokens appended; the KV of the rewritten tail is fixed up in ``_apply_jumps``."""
+        tokens appended; the KV of the rewritten tail is fixed up in ``_apply_jumps``.
+
+        With overlap, a later launch of the request may already be in flight: it continues the
+        text from before the jump, so its tokens are stale (``Req.stale_outputs``, thrown away when
+        processed), and the request extends its forced tokens only once that launch is processed:
+        until then the launch reads the request's row of ``req_to_token``, which the extend
+        rewrites, and its device grammar state, which the extend sets from the matcher."""
         assert self.grammar is not None
         kept_kv = min(req.kv_len, len(req.fill_ids) - 1)  # the newest token has no KV yet
         first_mutable = max(req.sent_output_len, req.prefix_len - req.prompt_len, 0)
@@ -435,6 +437,8 @@ class Scheduler:
         if drop_k:
             del req.output_ids[len(req.output_ids) - drop_k :]
         req.output_ids.extend(new_ids)
+        req.stale_outputs = req.pending_outputs  # this step's own tokens are counted off already
+        self.stats.jump_stale_tokens += req.pending_outputs
         keep = min(kept_kv, len(req.fill_ids) - len(new_ids))
         self._jump_pending.append((req, keep))
         self.stats.jump_forward_tokens += len(new_ids)
@@ -442,7 +446,9 @@ class Scheduler:
 
     def _apply_jumps(self) -> None:
         """KV past the last unchanged token is dropped; the request re-enters through the next
-        prefill pass, which computes its forced tokens in one extend."""
+        prefill pass, which computes its forced tokens in one extend. Its slots are freed at once
+        even when a stale launch still writes some of them: a launch that reuses them is submitted
+        later, and steps run in submission order."""
         pending, self._jump_pending = self._jump_pending, []
         for req, keep in pending:
             row = self.req_pool.req_to_token[req.req_pool_idx]
@@ -612,6 +618,7 @@ class Scheduler:
             "evictable_tokens": self.cache.evictable_size,
             "new_token_ratio": self.ratio.value,
             "jump_forward_tokens_total": s.jump_forward_tokens,
+            "jump_forward_stale_tokens_total": s.jump_stale_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
             "prefill_batches_total": s.prefill_batches,
             "spec_window_steps_total": s.spec_window_steps,

@@ -35,6 +35,8 @@ class SchedulerCounters:
     num_retracted: int = 0
     gen_throughput: float = 0.0
     jump_forward_tokens: int = 0
+    # tokens computed in a launch that was in flight when its request jumped, then thrown away
+    jump_stale_tokens: int = 0
     continuous_decode_steps: int = 0  # decode steps run inside continuous decode batches
     prefill_batches: int = 0  # prefill (extend) passes whose results were processed
     spec_window_steps: int = 0  # speculative steps run inside windows (several per host sync)

@@ -52,22 +52,33 @@ def test_jump_forward_streaming_matches_non_streaming(jf_engine):
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
 
 
-def test_jump_forward_after_continuous_launches():
-    """Rows masked on the device decode several steps a launch; a launch that ends inside a forced
-    run jumps the rest of it. Outputs stay valid and the text is the canonical tokenization."""
+def _continuous_run(**kw):
     params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
-    prompts = ["Customer record as JSON:", "A premium customer:"]
+    prompts = ["Customer record as JSON:", "A premium customer:", "Describe a customer:"]
     with Engine(
-        enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=4, log_level="warning"
+        enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=4, log_level="warning", **kw
     ) as eng:
         outs = eng.generate(prompts, sampling_params=params)
-        live = eng.get_server_info()["live"]
-        tok = eng.tm.tokenizer
-    assert live["continuous_decode_steps_total"] > 0 and live["jump_forward_tokens_total"] > 20
+        return outs, eng.get_server_info(), eng.tm.tokenizer
+
+
+def test_jump_forward_after_continuous_launches():
+    """Rows masked on the device decode several steps a launch; a launch that ends inside a forced
+    run jumps the rest of it. Outputs stay valid and the text is the canonical tokenization. Under
+    the overlap loop a jumping row's next launch is already in flight: its tokens are thrown away
+    and the outputs are the inline loop's, token for token."""
+    outs, info, tok = _continuous_run()
+    overlapped, info_overlap, _ = _continuous_run(enable_cpu_overlap_schedule=True)
+    assert info_overlap["overlap_schedule"] is True and info["overlap_schedule"] is False
+    for live in (info["live"], info_overlap["live"]):
+        assert live["continuous_decode_steps_total"] > 0 and live["jump_forward_tokens_total"] > 20
     for o in outs:
         assert o["meta_info"]["finish_reason"]["type"] == "stop", o
         jsonschema.validate(json.loads(o["text"]), SCHEMA)
         assert tok.decode(o["output_ids"]).startswith(o["text"])
+    assert info["live"]["jump_forward_stale_tokens_total"] == 0
+    assert info_overlap["live"]["jump_forward_stale_tokens_total"] > 0  # launches were thrown away
+    assert [o["output_ids"] for o in overlapped] == [o["output_ids"] for o in outs]
 
 
 def test_jump_forward_cut_by_max_new_tokens(jf_engine):

@@ -68,7 +68,7 @@ class ContinuousDecodeStep:
         kept = 0
         for r, req in enumerate(batch.reqs):
             req.pending_outputs -= steps
-            if not req.finished:
+            if not (req.drop_stale(steps) or req.finished):
                 before = len(req.output_ids)
                 s.append_tokens(req, [tokens[r] for tokens in per_step])
                 kept += len(req.output_ids) - before

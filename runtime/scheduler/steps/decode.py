@@ -89,5 +89,5 @@ class DecodeStep:
         append = self.s.append_token
         for req, token in zip(reqs, tokens):
             req.pending_outputs -= 1
-            if not req.finished:
+            if not (req.drop_stale(1) or req.finished):
                 append(req, token, None)

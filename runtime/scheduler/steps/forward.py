@@ -62,7 +62,7 @@ def process_rows(s: Scheduler, batch: ScheduledBatch, out: ForwardOutput, tokens
             _after_discarded_row(s, req, lp, is_chunk=batch.chunk[i], done=batch.prefix_lens[i] + batch.extend_lens[i])
             continue
         req.pending_outputs -= 1
-        if req.finished:
+        if req.drop_stale(1) or req.finished:
             continue
         if batch.prefill_row[i]:
             s.share_prefix(req, batch.prefix_lens[i] + batch.extend_lens[i])

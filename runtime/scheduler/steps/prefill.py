@@ -58,6 +58,8 @@ class PrefillStep:
         for req in jumped:
             if req.finished:
                 s.finish_dropped(req)
+            elif req.stale_outputs:  # a launch of it from before the jump is still in flight
+                s.jumped.append(req)
             elif adder.takes_tokens and s.chunked is None:
                 adder.add_chunked(req)  # its forced tokens; continues as a chunk if cut
                 if not self._alloc_extend(req):
