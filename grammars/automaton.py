@@ -22,6 +22,7 @@ flight keeps reading the tables it was launched with.
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -48,6 +49,9 @@ class TokenAutomaton:
     targets: np.ndarray  # [T] int32: local next state, -1 after a stop token
     initial: int  # local id of the start state
     vocab_size: int
+    # [S] int32 or None: the one token the mask allows in each state that forces text (-1: the
+    # state's own mask), set by ``forcing`` (jump-forward's canonical spelling, on the device)
+    forced: np.ndarray | None = None
 
     @property
     def num_states(self) -> int:
@@ -59,6 +63,24 @@ class TokenAutomaton:
         if i >= self.num_states or int(self.state_ids[i]) != state_id:
             raise KeyError(f"state {state_id} is not a state of this automaton")
         return i
+
+    def forcing(self, forced: np.ndarray) -> TokenAutomaton:
+        """A copy whose mask in each state ``s`` with ``forced[s] >= 0`` allows that token alone.
+        Each forced token must be one of the state's transitions (so the DFA, the host matcher
+        and every other table stay as they are: only the choice among valid tokens narrows)."""
+        forced = np.asarray(forced, dtype=np.int32)
+        if forced.shape != (self.num_states,):
+            raise ValueError(f"forced has shape {forced.shape}, the automaton {self.num_states} states")
+        states = np.flatnonzero(forced >= 0)
+        tokens = forced[states].astype(np.int64)
+        for s, t in zip(states.tolist(), tokens.tolist()):
+            if self.next_local(s, t) is None:
+                raise ValueError(f"token {t} is not allowed in state {s}")
+        masks = self.masks.copy()
+        masks[states] = 0
+        bits = np.left_shift(np.int64(1), tokens % 32).astype(np.uint32).view(np.int32)
+        masks[states, tokens // 32] = bits
+        return dataclasses.replace(self, masks=masks, forced=forced)
 
     def next_local(self, state: int, token: int) -> int | None:
         """The local state after ``token`` (-1 after a stop token), None when it is not allowed;

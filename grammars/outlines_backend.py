@@ -80,6 +80,20 @@ class _OutlinesGrammar:
         exact = next((t for t, sp in spellings.items() if sp == prefix), None) if prefix else None
         return prefix, exact
 
+    def forced_bytes(self, state: int) -> bytes:
+        """The text ``state`` forces: the common prefix of every allowed token, extended while
+        that prefix is itself a token (empty in a final state, where the output may end)."""
+        forced = b""
+        for _ in range(_MAX_JUMP_STEPS):
+            if state == _TERMINATED or self.index.is_final_state(state):
+                break
+            prefix, exact = self.common_prefix(state)
+            forced += prefix
+            if exact is None:
+                break
+            state = self.index.get_next_state(state, exact)
+        return forced
+
     def _allowed(self, state: int) -> np.ndarray:
         """The ordinary tokens ``state`` allows (from the automaton's sorted keys when it is built)."""
         a = self.automaton
@@ -133,17 +147,7 @@ class OutlinesMatcher(GrammarMatcher):
         return self._states[-1] == _TERMINATED
 
     def find_jump_forward_string(self) -> str:
-        """Common prefix of every allowed token, extended while that prefix is itself a token."""
-        grammar, state, forced = self._grammar, self._states[-1], b""
-        for _ in range(_MAX_JUMP_STEPS):
-            if state == _TERMINATED or grammar.index.is_final_state(state):
-                break
-            prefix, exact = grammar.common_prefix(state)
-            forced += prefix
-            if exact is None:
-                break
-            state = grammar.index.get_next_state(state, exact)
-        return forced.decode("utf-8", errors="ignore")
+        return self._grammar.forced_bytes(self._states[-1]).decode("utf-8", errors="ignore")
 
     def copy(self) -> OutlinesMatcher:
         return OutlinesMatcher(self._grammar, list(self._states))
@@ -176,6 +180,11 @@ class OutlinesBackend(GrammarBackend):
     build_automata : bool
         Also build each grammar's :class:`~phloem.grammars.automaton.TokenAutomaton` (for masks
         on the device); a DFA too large for it fails the compile with a ``GrammarError``.
+    canonical_forced_text : bool
+        With ``build_automata``: in every state that forces text of two tokens or more, the
+        device mask allows only the first token of the text's own tokenization
+        (:func:`canonical_forced_tokens`), so a row decoding on the device spells forced text
+        as jump-forward would, in fewer tokens than a model choosing among its spellings.
     """
 
     name = "outlines"
@@ -190,9 +199,11 @@ class OutlinesBackend(GrammarBackend):
         whitespace_pattern: str | None = None,
         max_recursion_depth: int = 3,
         build_automata: bool = False,
+        canonical_forced_text: bool = False,
     ) -> None:
         super().__init__(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
         self._build_automata = build_automata
+        self._canonical_forced = canonical_forced_text
         self._whitespace = whitespace_pattern
         self._max_depth = max_recursion_depth
         self._token_bytes = token_bytes_table(tokenizer, vocab_size=self.vocab_size)
@@ -204,7 +215,7 @@ class OutlinesBackend(GrammarBackend):
         automaton = None
         if self._build_automata:
             automaton = build_automaton(index, stop_token_ids=self.stop_token_ids, vocab_size=self.vocab_size)
-        return _OutlinesGrammar(
+        grammar = _OutlinesGrammar(
             index=index,
             token_bytes=self._token_bytes,
             stop_token_ids=self.stop_token_ids,
@@ -212,6 +223,9 @@ class OutlinesBackend(GrammarBackend):
             first_bytes=self._first_bytes,
             automaton=automaton,
         )
+        if automaton is not None and self._canonical_forced:
+            grammar.automaton = automaton.forcing(canonical_forced_tokens(grammar, self.tokenizer))
+        return grammar
 
     def _regex(self, spec: GrammarSpec) -> str:
         """The regex to index; ``\\d``, ``\\w`` and ``\\s`` keep their ASCII meaning (as in the
@@ -223,6 +237,31 @@ class OutlinesBackend(GrammarBackend):
 
     def _new_matcher(self, handle: _OutlinesGrammar) -> OutlinesMatcher:
         return OutlinesMatcher(handle, [handle.index.get_initial_state()])
+
+
+def canonical_forced_tokens(grammar: _OutlinesGrammar, tokenizer: Any) -> np.ndarray:
+    """Per local state of ``grammar.automaton``, the first token of the tokenizer's own encoding
+    of the text the state forces, where that text takes two tokens or more (-1 elsewhere).
+
+    One token is left to the model: a state forcing a single token's worth of text (an opening
+    quote) may also allow tokens that run on into free text (a quote and a word), and narrowing
+    it would split those. The token must spell a prefix of the forced text and be a transition
+    of the state (it is, unless the encoding merged across characters the DFA splits).
+    """
+    automaton = grammar.automaton
+    assert automaton is not None
+    forced = np.full(automaton.num_states, -1, dtype=np.int32)
+    for local, state in enumerate(automaton.state_ids.tolist()):
+        text = grammar.forced_bytes(state)
+        if not text:
+            continue
+        ids = tokenizer.encode(text.decode("utf-8", errors="ignore"), add_special_tokens=False)
+        if len(ids) < 2:
+            continue
+        piece = grammar.token_bytes[ids[0]] if ids[0] < len(grammar.token_bytes) else None
+        if piece and text.startswith(piece) and automaton.next_local(local, ids[0]) is not None:
+            forced[local] = ids[0]
+    return forced
 
 
 def token_bytes_table(tokenizer: Any, *, vocab_size: int) -> list[bytes | None]:

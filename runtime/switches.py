@@ -97,6 +97,15 @@ EXTEND_KERNEL = Switch(
     "PHLOEM_EXTEND_KERNEL", str, "contiguous", "prefill attention: the contiguous (TMA) kernel or the pool kernel",
     choices=("contiguous", "pool"),
 )  # fmt: skip
+# ---- jump-forward (--enable-jump-forward)
+JUMP_FORWARD_DEVICE_SPELLING = Switch(
+    "PHLOEM_JUMP_FORWARD_DEVICE_SPELLING", bool, False,
+    "device grammar masks allow only the first token of forced text's own tokenization",
+)  # fmt: skip
+JUMP_FORWARD_OVERLAP = Switch(
+    "PHLOEM_JUMP_FORWARD_OVERLAP", bool, False,
+    "overlap batches that may jump (a jump throws its launch in flight away), not process them at once",
+)  # fmt: skip
 # ---- files and diagnosis
 CACHE_DIR = Switch("PHLOEM_CACHE_DIR", str, "", "where downloaded models go (empty: ~/.cache/phloem)")
 LOOP_TRACE = Switch("PHLOEM_LOOP_TRACE", str, "", "write one line per busy scheduler iteration to this file")

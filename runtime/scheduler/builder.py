@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from phloem.runtime import switches
 from phloem.runtime.config import EngineArgs
 from phloem.runtime.scheduler.output import OutputCollector
 from phloem.runtime.scheduler.policy import continuous_decode_plan
@@ -214,6 +215,7 @@ def _scheduler_config(args: EngineArgs, runner: Any) -> SchedulerConfig:
         stream_interval=args.stream_interval,
         log_interval=args.log_interval,
         enable_jump_forward=jump_forward,
+        jump_overlap=switches.JUMP_FORWARD_OVERLAP.flag(),
         decode_steps=decode_steps,
         decode_budget_s=decode_budget_s,
     )
@@ -336,6 +338,7 @@ def _grammar_queue(args: EngineArgs, tokenizer: Any, runner: Any, eos: set[int])
         stop_token_ids=eos,
         compile_timeout=args.grammar_compile_timeout,
         automata=automata,
+        canonical_forced_text=jump_forward_on(args) and switches.JUMP_FORWARD_DEVICE_SPELLING.flag(),
     )
 
 

@@ -40,6 +40,7 @@ class GrammarQueue:
         stop_token_ids: set[int],
         compile_timeout: float,
         automata: Any = None,
+        canonical_forced_text: bool = False,
     ) -> None:
         self.backend_name = backend_name
         self.tokenizer = tokenizer
@@ -47,6 +48,8 @@ class GrammarQueue:
         self.stop_token_ids = sorted(stop_token_ids)
         self.compile_timeout = compile_timeout
         self.automata = automata  # AutomatonTable, or None: every grammar takes the host path
+        # jump-forward is on: device masks spell forced text canonically (OutlinesBackend)
+        self.canonical_forced_text = canonical_forced_text
         self.pending: list[Req] = []
         self._manager: Any = None
         self._device_manager: Any = None
@@ -84,6 +87,7 @@ class GrammarQueue:
                 vocab_size=self.vocab_size,
                 stop_token_ids=self.stop_token_ids,
                 build_automata=True,
+                canonical_forced_text=self.canonical_forced_text,
             )
             self._device_manager = GrammarManager(
                 backend, compile_timeout=self.compile_timeout, on_compiled=self.compile_times.append

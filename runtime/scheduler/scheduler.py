@@ -72,6 +72,9 @@ class SchedulerConfig:
     stream_interval: int = 1
     log_interval: int = 40
     enable_jump_forward: bool = False
+    # With overlap: keep a batch that may jump in flight too (a jump then throws its request's
+    # next launch away, ``Scheduler._jump_forward``), rather than process it at once.
+    jump_overlap: bool = False
     # Decode steps launched as one (``--num-continuous-decode-steps``): see ``steps.continuous``.
     decode_steps: int = 1
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
@@ -258,9 +261,11 @@ class Scheduler:
             mask, late_mask = self._grammar_mask(batch)
             self.inflight.append((batch, self.launch(batch, mask)))
         t2 = time.perf_counter()
-        # Without overlap: process what was just launched. With overlap: keep one step in flight
-        # (a request that jumps forward meanwhile throws that step's tokens away: _jump_forward).
-        keep = 1 if (self.cfg.overlap and batch is not None) else 0
+        # Without overlap: process what was just launched. With overlap: keep one step in flight,
+        # except for a step whose requests may jump forward unless ``jump_overlap`` (a request
+        # that jumps while its next launch is in flight throws that launch away: _jump_forward).
+        overlap = self.cfg.overlap and batch is not None and (self.cfg.jump_overlap or not self._may_jump(batch))
+        keep = 1 if overlap else 0
         while len(self.inflight) > keep:
             self._process_oldest()
         if self.record_step_times:  # what this step spent where (the scheduler process's loop trace)
@@ -419,6 +424,9 @@ class Scheduler:
         self.outputs.add(req)
 
     # ------------------------------------------------------------------ jump-forward
+    def _may_jump(self, batch: ScheduledBatch) -> bool:
+        return self.cfg.enable_jump_forward and any(r.grammar is not None for r in batch.reqs)
+
     def _jump_forward(self, req: Req) -> int:
         """Append the text the grammar forces, retokenized at the boundary. Returns the number of
         tokens appended; the KV of the rewritten tail is fixed up in ``_apply_jumps``.

@@ -235,3 +235,57 @@ def test_jump_forward_prefixes_match_the_token_by_token_answer(tokenizer, backen
             assert matcher.accept_token(token)
             if matcher.is_terminated():
                 break
+
+
+KEYS = GrammarSpec("json_schema", json.dumps({
+    "type": "object", "additionalProperties": False,
+    "properties": {"customer_identification_code": {"type": "string", "maxLength": 4}, "is_active": {"type": "boolean"}},
+    "required": ["customer_identification_code", "is_active"],
+}))  # fmt: skip
+
+
+def test_forcing_narrows_masks_to_one_token_and_keeps_the_transitions(backend):
+    automaton = backend.new_matcher(backend.compile(SPECS["regex"])).automaton
+    allowed = np.unpackbits(automaton.masks[automaton.initial].view(np.uint8), bitorder="little")
+    token = int(np.flatnonzero(allowed)[-1])
+    forced = np.full(automaton.num_states, -1, dtype=np.int32)
+    forced[automaton.initial] = token
+    narrowed = automaton.forcing(forced)
+    bits = np.unpackbits(narrowed.masks[automaton.initial].view(np.uint8), bitorder="little")
+    assert np.flatnonzero(bits).tolist() == [token]
+    others = np.arange(automaton.num_states) != automaton.initial
+    assert np.array_equal(narrowed.masks[others], automaton.masks[others])
+    assert narrowed.keys is automaton.keys and narrowed.targets is automaton.targets
+    forced[automaton.initial] = next(t for t in range(VOCAB_SIZE) if not allowed[t])
+    with pytest.raises(ValueError, match="not allowed"):
+        automaton.forcing(forced)
+
+
+def test_device_spelling_takes_the_tokenizers_own_encoding_of_forced_text(tokenizer):
+    """With ``canonical_forced_text`` every state forcing text of two tokens or more allows only
+    the first token of its encoding; a walk that takes those tokens spells each forced key as the
+    tokenizer would, and the host matcher (the same DFA) accepts every one."""
+    spelled = create_backend("outlines", tokenizer=tokenizer, vocab_size=WIDTH, stop_token_ids=STOP_TOKEN_IDS,
+                             build_automata=True, canonical_forced_text=True)  # fmt: skip
+    matcher = spelled.new_matcher(spelled.compile(KEYS))
+    automaton = matcher.automaton
+    assert automaton.forced is not None and (automaton.forced >= 0).any()
+    for token in tokenizer.encode('{"', add_special_tokens=False):  # whitespace may follow "{"
+        assert matcher.accept_token(token)
+    start = matcher.find_jump_forward_string()
+    assert start.startswith('customer_identification_code"')
+    first = tokenizer.encode(start, add_special_tokens=False)[0]
+    assert automaton.forced[matcher.automaton_state()] == first
+    out: list[int] = []
+    for _ in range(40):
+        state = matcher.automaton_state()
+        if automaton.forced[state] < 0:
+            break
+        token = int(automaton.forced[state])
+        bits = np.unpackbits(automaton.masks[state].view(np.uint8), bitorder="little")
+        assert np.flatnonzero(bits).tolist() == [token]
+        assert matcher.accept_token(token)
+        out.append(token)
+    text = tokenizer.decode(out)
+    assert text and start.startswith(text)
+    assert out == tokenizer.encode(text, add_special_tokens=False)  # the canonical spelling

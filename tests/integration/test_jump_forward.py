@@ -22,6 +22,25 @@ SCHEMA = {
 }
 
 
+# keys long enough that the model, left to itself, spells some in more tokens than the tokenizer
+LONG_KEYS = {
+    "type": "object",
+    "properties": {
+        "customer_identification_code": {"type": "string", "maxLength": 6},
+        "preferred_delivery_address_line": {"type": "string", "maxLength": 12},
+        "subscription_renewal_is_automatic": {"type": "boolean"},
+        "preferred_contact_channel_for_updates": {"enum": ["email", "phone", "post"]},
+    },
+    "required": [
+        "customer_identification_code",
+        "preferred_delivery_address_line",
+        "subscription_renewal_is_automatic",
+        "preferred_contact_channel_for_updates",
+    ],
+    "additionalProperties": False,
+}
+
+
 @pytest.fixture(scope="module")
 def jf_engine():
     with Engine(enable_jump_forward=True, log_level="warning") as eng:
@@ -62,12 +81,13 @@ def _continuous_run(**kw):
         return outs, eng.get_server_info(), eng.tm.tokenizer
 
 
-def test_jump_forward_after_continuous_launches():
+def test_jump_forward_after_continuous_launches(monkeypatch):
     """Rows masked on the device decode several steps a launch; a launch that ends inside a forced
     run jumps the rest of it. Outputs stay valid and the text is the canonical tokenization. Under
     the overlap loop a jumping row's next launch is already in flight: its tokens are thrown away
-    and the outputs are the inline loop's, token for token."""
+    and the outputs are the inline loop's, token for token (``PHLOEM_JUMP_FORWARD_OVERLAP``)."""
     outs, info, tok = _continuous_run()
+    monkeypatch.setenv("PHLOEM_JUMP_FORWARD_OVERLAP", "1")  # read by the scheduler process
     overlapped, info_overlap, _ = _continuous_run(enable_cpu_overlap_schedule=True)
     assert info_overlap["overlap_schedule"] is True and info["overlap_schedule"] is False
     for live in (info["live"], info_overlap["live"]):
@@ -79,6 +99,30 @@ def test_jump_forward_after_continuous_launches():
     assert info["live"]["jump_forward_stale_tokens_total"] == 0
     assert info_overlap["live"]["jump_forward_stale_tokens_total"] > 0  # launches were thrown away
     assert [o["output_ids"] for o in overlapped] == [o["output_ids"] for o in outs]
+
+
+def test_forced_text_spelled_on_the_device(monkeypatch):
+    """``PHLOEM_JUMP_FORWARD_DEVICE_SPELLING``: inside a continuous launch, a row in a state that
+    forces text takes the first token of the tokenizer's encoding of it, so forced keys come out
+    in the tokenizer's spelling without a jump. Outputs stay valid and take no more tokens."""
+    params = {"max_new_tokens": 160, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)}
+    prompts = ["Write a customer record as JSON:", "A customer who prefers email:"]
+
+    def run():
+        kw = {"grammar_on_device": "on", "num_continuous_decode_steps": 8, "log_level": "warning"}
+        with Engine(enable_jump_forward=True, **kw) as eng:
+            return eng.generate(prompts, sampling_params=params), eng.get_server_info(), eng.tm.tokenizer
+
+    plain, _, tok = run()
+    monkeypatch.setenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING", "1")  # read by the scheduler process
+    spelled, info, _ = run()
+    assert info["live"]["continuous_decode_steps_total"] > 0
+    for o, p in zip(spelled, plain):
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
+        assert tok.decode(o["output_ids"]).startswith(o["text"])
+        assert len(o["output_ids"]) <= len(p["output_ids"])
+    assert sum(map(len, (o["output_ids"] for o in spelled))) < sum(map(len, (p["output_ids"] for p in plain)))
 
 
 def test_jump_forward_cut_by_max_new_tokens(jf_engine):

@@ -114,14 +114,16 @@ def harness(*, overlap: bool, steps: int = 1, pool: int = 4096, on_device: bool 
     runner = ContentRunner(pool + 1)
     h = Harness(pool=pool, overlap=overlap, decode_steps=steps, runner=runner, **kw)
     runner.req_to_token = h.rows.req_to_token
-    h.s.cfg = dataclasses.replace(h.s.cfg, enable_jump_forward=True)
+    h.s.cfg = dataclasses.replace(h.s.cfg, enable_jump_forward=True, jump_overlap=True)
     h.s.grammar = ForcingGrammar(on_device=on_device)
     return h
 
 
 def add(h: Harness, rid: str, prompt: list[int], max_new: int) -> Req:
     params = SamplingParams(max_new_tokens=max_new, temperature=0.0, json_schema='{"type": "string"}')
-    req = Req(rid=rid, origin_input_ids=prompt, params=params, stop_checker=StopChecker(params, eos_token_ids={EOS}))
+    req = Req(
+        rid=rid, origin_input_ids=prompt, params=params, stop_checker=StopChecker(params, eos_token_ids={EOS})
+    )
     h.s.add_request(req)
     return req
 
@@ -137,7 +139,9 @@ def check_output(prompt: list[int], out: list[int]) -> None:
 PROMPTS = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([5, 17, 40, 3, 9, 26])]
 
 
-def run(*, overlap: bool, steps: int = 1, on_device: bool = False, max_new: int = 40, **kw) -> dict[str, list[int]]:
+def run(
+    *, overlap: bool, steps: int = 1, on_device: bool = False, max_new: int = 40, **kw
+) -> dict[str, list[int]]:
     h = harness(overlap=overlap, steps=steps, on_device=on_device, **kw)
     for i, p in enumerate(PROMPTS):
         add(h, f"r{i}", p, max_new)
