@@ -71,11 +71,15 @@ def test_jump_forward_streaming_matches_non_streaming(jf_engine):
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
 
 
-def _continuous_run(**kw):
-    params = {"max_new_tokens": 96, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
-    prompts = ["Customer record as JSON:", "A premium customer:", "Describe a customer:"]
+CUSTOMER_PROMPTS = ["Customer record as JSON:", "A premium customer:", "Describe a customer:"]
+
+
+def _continuous_run(schema=SCHEMA, prompts=CUSTOMER_PROMPTS, *, max_new=96, steps=4, **kw):
+    """Greedy outputs of ``prompts`` under ``schema`` from an Engine whose grammars run on the
+    device in continuous launches of ``steps``, with its server info and tokenizer."""
+    params = {"max_new_tokens": max_new, "temperature": 0, "json_schema": json.dumps(schema)}
     with Engine(
-        enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=4, log_level="warning", **kw
+        enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=steps, log_level="warning", **kw
     ) as eng:
         outs = eng.generate(prompts, sampling_params=params)
         return outs, eng.get_server_info(), eng.tm.tokenizer
@@ -105,17 +109,10 @@ def test_forced_text_spelled_on_the_device(monkeypatch):
     """``PHLOEM_JUMP_FORWARD_DEVICE_SPELLING``: inside a continuous launch, a row in a state that
     forces text takes the first token of the tokenizer's encoding of it, so forced keys come out
     in the tokenizer's spelling without a jump. Outputs stay valid and take no more tokens."""
-    params = {"max_new_tokens": 160, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)}
     prompts = ["Write a customer record as JSON:", "A customer who prefers email:"]
-
-    def run():
-        kw = {"grammar_on_device": "on", "num_continuous_decode_steps": 8, "log_level": "warning"}
-        with Engine(enable_jump_forward=True, **kw) as eng:
-            return eng.generate(prompts, sampling_params=params), eng.get_server_info(), eng.tm.tokenizer
-
-    plain, _, tok = run()
+    plain, _, tok = _continuous_run(LONG_KEYS, prompts, max_new=160, steps=8)
     monkeypatch.setenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING", "1")  # read by the scheduler process
-    spelled, info, _ = run()
+    spelled, info, _ = _continuous_run(LONG_KEYS, prompts, max_new=160, steps=8)
     assert info["live"]["continuous_decode_steps_total"] > 0
     for o, p in zip(spelled, plain):
         assert o["meta_info"]["finish_reason"]["type"] == "stop", o
