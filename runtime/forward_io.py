@@ -63,6 +63,10 @@ class SamplingInfo:
     automaton: Any = None
     automaton_rows: torch.Tensor | None = None
     automaton_init: torch.Tensor | None = None
+    # Early exit of continuous decode (executor/decode_exit.py), or None: per row, the token ids
+    # whose sampling certainly ends the request ([B, K] int64, -1 pads) and its stop tag ([B]).
+    stop_ids: torch.Tensor | None = None
+    stop_tags: torch.Tensor | None = None
     # Compact alternative to output_token_counts: [B, L] int64 output ids so far, padded with -1;
     # the sampler counts them on the device (a much smaller copy than [B, V]).
     output_ids: torch.Tensor | None = None

@@ -97,6 +97,11 @@ EXTEND_KERNEL = Switch(
     "PHLOEM_EXTEND_KERNEL", str, "contiguous", "prefill attention: the contiguous (TMA) kernel or the pool kernel",
     choices=("contiguous", "pool"),
 )  # fmt: skip
+# ---- decode
+DECODE_EARLY_EXIT = Switch(
+    "PHLOEM_DECODE_EARLY_EXIT", bool, True,
+    "CUDA graphs skip continuous decode steps once every row sampled a stop token (conditional nodes)",
+)  # fmt: skip
 # ---- jump-forward (--enable-jump-forward)
 JUMP_FORWARD_DEVICE_SPELLING = Switch(
     "PHLOEM_JUMP_FORWARD_DEVICE_SPELLING", bool, False,

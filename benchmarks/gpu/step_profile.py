@@ -183,6 +183,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     the output's characters too: jump-forward writes forced text in the tokenizer's own spelling,
     which can take fewer tokens than the model would pick, so tokens/s alone would undersell it."""
     jumped, stale, passes = s.stats.jump_forward_tokens, s.stats.jump_stale_tokens, _extend_passes(s)
+    skipped = _skipped_steps(s)
     for r in reqs:
         s.add_request(r)
     t0 = time.perf_counter()
@@ -201,10 +202,18 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "jump_forward_tokens": s.stats.jump_forward_tokens - jumped,
         "jump_stale_tokens": s.stats.jump_stale_tokens - stale,  # in flight at a jump, thrown away
         "extend_graph_passes": _extend_passes(s) - passes,  # jumps' extends replayed from graphs
+        "skipped_steps": _skipped_steps(s) - skipped,  # early exit: forwards not run after every stop
         "tokens_per_step": tokens / max(steps, 1),
         "grammar_rejected": sum(kind == "abort" for kind in kinds),  # must be 0
         "finish_kinds": sorted(set(kinds)),
     }  # fmt: skip
+
+
+def _skipped_steps(s: Any) -> int:
+    """Continuous decode steps whose forward the decode graphs skipped (early exit; a sync)."""
+    runner = getattr(getattr(s, "worker", None), "runner", None)
+    exit = getattr(getattr(runner, "cuda_graphs", None), "exit", None)
+    return exit.skipped if exit is not None else 0
 
 
 def _extend_passes(s: Any) -> int:
@@ -250,6 +259,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
     clock = getattr(s, "_worker_clock", None)
     worker_start = clock.seconds if clock is not None else 0.0
     start_tokens = done = sum(len(r.output_ids) for r in reqs)
+    skipped = _skipped_steps(s)
     t0 = time.perf_counter()
     while not all(r.finished for r in reqs):
         w, c = time.perf_counter(), time.thread_time()
@@ -281,6 +291,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
         if clock is not None
         else None,
         "tokens_per_step": tokens / len(walls),
+        "skipped_steps": _skipped_steps(s) - skipped,  # early exit: forwards not run after every stop
         # rows the host's grammar check ended (a token the mask should not have allowed): must be 0
         "grammar_rejected": sum(kind == "abort" for kind in kinds),
         "finish_kinds": sorted(set(kinds)),

@@ -7,7 +7,9 @@ and the graph's logits ``[:B]`` are returned. What a graph covers::
 
     attention metadata -> embedding -> every layer (KV writes included) -> final norm -> logits
 
-Sampling stays outside (its shape depends on the batch's sampling options). The attention backend
+With early exit (``decode_exit.py``) that whole forward sits in an IF node on a device flag, so a
+continuous decode step after every row's stop skips it. Sampling stays outside (its shape
+depends on the batch's sampling options). The attention backend
 must do device work only in ``init_metadata`` for decode (``supports_cuda_graph = True``).
 """
 
@@ -25,6 +27,7 @@ from phloem.runtime.forward_io import ForwardInput, ForwardMode
 
 if TYPE_CHECKING:
     from phloem.runtime.attention.base import AttentionBackend
+    from phloem.runtime.executor.decode_exit import DecodeExit
 
 __all__ = ["CudaGraphRunner", "capture_batch_sizes", "capture_graphs", "stage_step_rows"]
 
@@ -88,10 +91,14 @@ class CudaGraphRunner:
         Largest batch replayed; larger decode batches run eagerly.
     """
 
-    def __init__(self, model: DecodeModel, attn_backend: AttentionBackend, *, max_bs: int) -> None:
+    def __init__(
+        self, model: DecodeModel, attn_backend: AttentionBackend, *, max_bs: int, exit: DecodeExit | None = None
+    ) -> None:
         if not getattr(attn_backend, "supports_cuda_graph", False):
             raise ValueError(f"{type(attn_backend).__name__} cannot be captured in a CUDA graph")
         self.model, self.attn = model, attn_backend
+        # Early exit (decode_exit.py): each graph's forward sits in an IF node on ``exit.go``.
+        self.exit = exit
         self.device = attn_backend.kv_pool.device
         self.batch_sizes = capture_batch_sizes(max_bs)
         self.max_bs = self.batch_sizes[-1]
@@ -147,7 +154,14 @@ class CudaGraphRunner:
         inputs = {bs: self._static_input(bs) for bs in self.batch_sizes}  # built outside the captures
 
         def run(bs: int) -> torch.Tensor:
-            return self._run_model(inputs[bs])
+            if self.exit is None or not torch.cuda.is_current_stream_capturing():
+                return self._run_model(inputs[bs])
+            with self.exit.gated():
+                return self._run_model(inputs[bs])
+
+        if self.exit is not None:
+            self.exit.open()
+            self.exit.warm_up(self.batch_sizes)  # its kernel compiled before the first launch
 
         self.graphs, self.logits, self.pool = capture_graphs(self.batch_sizes, run, self.device)
         self.capture_seconds = time.perf_counter() - start
@@ -165,6 +179,8 @@ class CudaGraphRunner:
         then they reach the graph's inputs in one copy of a pinned staging block."""
         bs = fi.batch_size
         padded = next(s for s in self.batch_sizes if s >= bs)
+        if self.exit is not None:
+            self.exit.open()
         if fi.positions.device.type == "cpu":
             self.input_ids[:bs].copy_(fi.input_ids, non_blocking=True)
             self._stage_rows(fi, bs, padded)
@@ -182,7 +198,12 @@ class CudaGraphRunner:
         self.graphs[padded].replay()
         return self.logits[padded][:bs]
 
-    def replay_steps(self, fi: ForwardInput, sample: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def replay_steps(
+        self,
+        fi: ForwardInput,
+        sample: Callable[[torch.Tensor], torch.Tensor],
+        stops: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """Tokens ``[K, B]`` (on the device) of continuous decode batch ``fi`` (``decode_steps = K``,
         per-row tensors on the host): ``K`` replays of one graph back to back, each step's
         ``sample(logits [B, V]) -> [B]`` copied into the next replay's input ids on the device.
@@ -190,7 +211,11 @@ class CudaGraphRunner:
         Every step's positions, slots, rows and lengths reach the device in one staged copy, and
         a step then costs the host four launches (its rows into the graph's inputs, the replay,
         the sampler, the ids). A whole forward pass per step costs the worker more CPU time than
-        a small model's step takes on the GPU, so the host would set the pace there."""
+        a small model's step takes on the GPU, so the host would set the pace there.
+
+        With early exit (``self.exit`` and the batch's ``stop_tags``/``stop_ids`` on the device,
+        in ``stops``), one more launch a step marks the rows that sampled a stop, and the replays
+        after every row's stop skip their forward; their sampled ids are garbage nobody reads."""
         steps, bs = fi.decode_steps, fi.batch_size
         padded = next(s for s in self.batch_sizes if s >= bs)
         ring, rows = self._step_buffers(steps)
@@ -200,14 +225,23 @@ class CudaGraphRunner:
         ring.record(k)
         self.input_ids[:bs].copy_(fi.input_ids, non_blocking=True)
         graph, logits = self.graphs[padded], self.logits[padded][:bs]
+        gate = self.exit if stops is not None else None
+        if self.exit is not None and gate is None:
+            self.exit.open()
         tokens: list[torch.Tensor] = []
         for j in range(steps):
             self._rows.copy_(rows[j], non_blocking=True)
+            if gate is not None and j == 0:  # a launch queued before the host saw the stop
+                gate.update(self.req_pool_indices[:bs], *stops)  # type: ignore[misc]
             graph.replay()
             ids = sample(logits)
+            if gate is not None:
+                gate.update(self.req_pool_indices[:bs], *stops, ids, step_follows=j + 1 < steps)  # type: ignore[misc]
             if j + 1 < steps:
                 self.input_ids[:bs].copy_(ids, non_blocking=True)
             tokens.append(ids)
+        if gate is not None:
+            gate.publish()
         return torch.stack(tokens)
 
     def _step_buffers(self, steps: int) -> tuple[_PinnedRing, torch.Tensor]:

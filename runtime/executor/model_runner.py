@@ -207,7 +207,10 @@ class ModelRunner:
             from phloem.runtime.executor.cuda_graph import CudaGraphRunner
 
             self.cuda_graphs = CudaGraphRunner(
-                self.model, self.attn_backend, max_bs=min(cuda_graph_max_bs, self.max_running_requests)
+                self.model,
+                self.attn_backend,
+                max_bs=min(cuda_graph_max_bs, self.max_running_requests),
+                exit=self._decode_exit(),
             )
             self.cuda_graphs.capture()
         self.extend_graphs = None
@@ -228,6 +231,16 @@ class ModelRunner:
         )  # fmt: skip
 
     # ---- construction -------------------------------------------------------------------------
+    def _decode_exit(self) -> Any:
+        """Early exit for the decode graphs (``decode_exit.py``) where this torch can capture
+        conditional nodes and ``PHLOEM_DECODE_EARLY_EXIT`` is on; otherwise None."""
+        from phloem.runtime import switches
+        from phloem.runtime.executor.decode_exit import DecodeExit, conditional_graphs_supported
+
+        if self.tp.size > 1 or not switches.DECODE_EARLY_EXIT.flag() or not conditional_graphs_supported():
+            return None
+        return DecodeExit(self.req_to_token_pool.size, self.device)
+
     def _build_model(
         self, weights: Mapping[str, TensorLike] | None, seed: int, source: ModelSource
     ) -> nn.Module:
@@ -486,7 +499,10 @@ class ModelRunner:
         sampler = self.sampler
         step_sampler = getattr(sampler, "step_sampler", None)  # Sampler's; a plain callable has none
         sample = step_sampler(sampling) if step_sampler is not None else lambda x: sampler(x, sampling)
-        tokens = graphs.replay_steps(fi, sample)  # [K, B]
+        stops = None
+        if graphs.exit is not None and sampling.stop_tags is not None and sampling.stop_ids is not None:
+            stops = (sampling.stop_tags, sampling.stop_ids)
+        tokens = graphs.replay_steps(fi, sample, stops)  # [K, B]
         cpu, event = to_host_async(tokens)
         cpu = cpu.view(tokens.shape)
         steps = [

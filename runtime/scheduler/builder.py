@@ -218,6 +218,7 @@ def _scheduler_config(args: EngineArgs, runner: Any) -> SchedulerConfig:
         jump_overlap=switches.JUMP_FORWARD_OVERLAP.flag(),
         decode_steps=decode_steps,
         decode_budget_s=decode_budget_s,
+        decode_early_exit=getattr(getattr(runner, "cuda_graphs", None), "exit", None) is not None,
     )
 
 

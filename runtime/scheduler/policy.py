@@ -5,7 +5,7 @@ Everything here is a pure function of requests and numbers, so each rule has a u
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from phloem.runtime.scheduler.req import Req
 
@@ -122,6 +122,30 @@ def decodes_ahead(req: Req) -> bool:
         or p.sampling_seed is not None
         or req.num_outputs_launched < p.min_new_tokens
     )
+
+
+def device_stop_ids(req: Req, grammar_stops: Iterable[int] = ()) -> frozenset[int]:
+    """Token ids whose sampling in the request's next launch certainly ends it on the host, for
+    early exit of continuous decode (``executor/decode_exit.py``): its stop token ids (EOS unless
+    ``ignore_eos``), which end a request once ``min_new_tokens`` are out, and under a grammar the
+    grammar's stop tokens (``grammar_stops``), which end it too: accepted, they terminate the
+    grammar; refused, they abort the request. Empty, so the batch never skips a step for this
+    row, while a ``min_new_tokens`` floor could hold a stop back (a jump-forward can rewrite the
+    output's tail, so under a grammar any floor counts)."""
+    floor = req.params.min_new_tokens
+    if floor and (req.grammar is not None or len(req.output_ids) < floor):
+        return frozenset()
+    if req.grammar is not None:
+        return req.stop_checker.stop_token_ids | frozenset(grammar_stops)
+    return req.stop_checker.stop_token_ids
+
+
+def stop_rows(reqs: Sequence[Req], grammar_stops: Iterable[int] = ()) -> tuple[list[list[int]], list[int]]:
+    """Per row, its :func:`device_stop_ids` padded with -1 to the batch's widest (at least one
+    column), and its ``stop_tag``."""
+    ids = [sorted(device_stop_ids(r, grammar_stops)) for r in reqs]
+    width = max(1, max(map(len, ids), default=0))
+    return [row + [-1] * (width - len(row)) for row in ids], [r.stop_tag for r in reqs]
 
 
 AUTO_DECODE_STEPS = 8  # the most steps one launch carries when --num-continuous-decode-steps is auto

@@ -14,12 +14,20 @@ Length counters (all in tokens)::
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import FinishReason, StopChecker
+
+_stop_tags = itertools.count(1)
+
+
+def next_stop_tag() -> int:
+    """A tag no request has had in this process (early exit's device flags match on it)."""
+    return next(_stop_tags)
 
 
 @dataclass(eq=False)
@@ -51,6 +59,10 @@ class Req:
     # Of those, tokens launched before a jump-forward rewrote the output: they continue a text the
     # request no longer has, so processing throws them away (``Scheduler._jump_forward``).
     stale_outputs: int = 0
+    # Early exit of continuous decode (executor/decode_exit.py): the device marks the request's
+    # row with this tag when it samples a stop token. Renewed whenever device tokens of the
+    # request are thrown away, so a mark they left never stops the steps after.
+    stop_tag: int = field(default_factory=next_stop_tag)
     future_ref: int = 0  # future-map index of the newest in-flight token (overlap)
     # --- reporting
     cached_tokens: int = 0

@@ -44,7 +44,7 @@ from phloem.runtime.scheduler.policy import (
 )
 from phloem.runtime.scheduler.prefill_adder import PrefillAdder, charged_future_tokens
 from phloem.runtime.scheduler.protocols import Cache, Grammar, ReqPool, Sampling, Speculative, Worker
-from phloem.runtime.scheduler.req import Req
+from phloem.runtime.scheduler.req import Req, next_stop_tag
 from phloem.runtime.scheduler.stats import SchedulerCounters, StepLog, StepTimes
 from phloem.runtime.scheduler.steps import StepKind
 from phloem.runtime.scheduler.steps.continuous import ContinuousDecodeStep
@@ -80,6 +80,9 @@ class SchedulerConfig:
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
     # ``policy.continuous_decode_plan``.
     decode_budget_s: float = 0.0
+    # Continuous decode launches carry each row's stop ids for the decode graphs' early exit
+    # (executor/decode_exit.py): on when the worker's graphs have it.
+    decode_early_exit: bool = False
 
 
 class Scheduler:
@@ -446,6 +449,7 @@ class Scheduler:
             del req.output_ids[len(req.output_ids) - drop_k :]
         req.output_ids.extend(new_ids)
         req.stale_outputs = req.pending_outputs  # this step's own tokens are counted off already
+        req.stop_tag = next_stop_tag()  # a stop a stale launch samples must not end what follows
         self.stats.jump_stale_tokens += req.pending_outputs
         keep = min(kept_kv, len(req.fill_ids) - len(new_ids))
         self._jump_pending.append((req, keep))
@@ -607,6 +611,13 @@ class Scheduler:
             self.grammar.take_compile_times()
         self.cache.reset_counters()
 
+    def _decode_steps_skipped(self) -> int:
+        """Continuous decode steps the decode graphs skipped after every row's stop (early exit,
+        ``executor/decode_exit.py``), as of a recent launch; 0 without it or out of process."""
+        graphs = getattr(getattr(self.worker, "runner", None), "cuda_graphs", None)
+        exit = getattr(graphs, "exit", None)
+        return exit.skipped_published if exit is not None else 0
+
     def live_stats(self) -> dict[str, float]:
         total = self.cache.total_size
         s = self.stats
@@ -628,6 +639,7 @@ class Scheduler:
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "jump_forward_stale_tokens_total": s.jump_stale_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
+            "decode_steps_skipped_total": self._decode_steps_skipped(),
             "prefill_batches_total": s.prefill_batches,
             "spec_window_steps_total": s.spec_window_steps,
             "decode_step_ms": (self.pace.per_step or 0.0) * 1e3,

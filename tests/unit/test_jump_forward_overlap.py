@@ -168,12 +168,14 @@ def test_overlap_gives_the_outputs_of_the_inline_loop(steps, on_device):
 def test_a_jump_in_flight_counts_its_launch_stale_and_waits_for_it():
     h = harness(overlap=True)
     req = add(h, "a", list(range(100, 110)), 30)
+    tag = req.stop_tag
     while not h.s.jumped:
         assert h.s.step()
         if req.stale_outputs:
             break
     assert req in h.s.jumped and req not in h.s.running
     assert req.stale_outputs == req.pending_outputs == 1  # the decode launched before the jump
+    assert req.stop_tag != tag  # a stop that stale launch samples must not mark what follows
     h.s.step()  # that launch is processed: its token is dropped, the request may extend
     assert req.stale_outputs == 0 and req.pending_outputs == 0
     h.run()

@@ -9,9 +9,11 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import torch
 from phloem.runtime.forward_io import ForwardOutput
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.batch import ScheduledBatch, build_forward_input, gather_new_tokens
+from phloem.runtime.scheduler.policy import stop_rows
 from phloem.runtime.scheduler.req import Req
 
 if TYPE_CHECKING:
@@ -27,6 +29,10 @@ def launch_forward(s: Scheduler, batch: ScheduledBatch, vocab_mask: Any) -> Futu
     auto = s.grammar.automaton_rows(batch.reqs, batch.discard) if s.grammar is not None else None
     if auto is not None:  # read before pending_outputs counts this launch
         sampling.automaton, sampling.automaton_rows, sampling.automaton_init = auto
+    if batch.decode_steps > 1 and s.cfg.decode_early_exit:
+        stop_ids, tags = stop_rows(batch.reqs, s.grammar.stop_token_ids if s.grammar is not None else ())
+        sampling.stop_ids = torch.tensor(stop_ids, dtype=torch.int64)
+        sampling.stop_tags = torch.tensor(tags, dtype=torch.int64)
     fi = build_forward_input(batch, req_to_token=s.req_pool.req_to_token, input_ids=ids, sampling=sampling)
     # EAGLE follows every computed token: plain passes return the target's hidden states
     fi.return_hidden_states = s.spec is not None and s.spec.needs_hidden
