@@ -23,6 +23,7 @@ flight keeps reading the tables it was launched with.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,6 +36,7 @@ import torch
 from .base import GrammarError
 
 FREE = 0  # the state of an unconstrained row: all tokens allowed, self loop
+UNREACHABLE = np.iinfo(np.int32).max  # steps_to_stop of a state with no path to a stop
 MAX_STATES = 4096  # states of one automaton; a larger DFA stays on the host path
 MAX_TRANSITIONS = 8_000_000  # transitions of one automaton (12 bytes each on the device)
 
@@ -81,6 +83,31 @@ class TokenAutomaton:
         bits = np.left_shift(np.int64(1), tokens % 32).astype(np.uint32).view(np.int32)
         masks[states, tokens // 32] = bits
         return dataclasses.replace(self, masks=masks, forced=forced)
+
+    @functools.cached_property
+    def steps_to_stop(self) -> np.ndarray:
+        """``[S]`` int32: the fewest tokens from each state to the end, the stop token included
+        (1 in a state that may stop; ``UNREACHABLE`` where no path ends). A lower bound on what
+        a row in that state still generates: the scheduler waits for a launch, instead of
+        queueing the next one behind it, when every row may end inside it."""
+        n = self.num_states
+        src = self.keys // self.vocab_size
+        ends = self.targets < 0
+        dist = np.full(n, UNREACHABLE, dtype=np.int32)
+        dist[np.unique(src[ends])] = 1
+        # the state graph's distinct edges, walked backwards one level at a time
+        pairs = np.unique(src[~ends] * n + self.targets[~ends])
+        edge_src, edge_dst = pairs // n, pairs % n
+        frontier = dist == 1
+        level = 1
+        while frontier.any():
+            level += 1
+            reached = np.unique(edge_src[frontier[edge_dst]])
+            reached = reached[dist[reached] == UNREACHABLE]
+            dist[reached] = level
+            frontier = np.zeros(n, dtype=bool)
+            frontier[reached] = True
+        return dist
 
     def next_local(self, state: int, token: int) -> int | None:
         """The local state after ``token`` (-1 after a stop token), None when it is not allowed;

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import dataclasses
 import gzip
 import io
 import json
@@ -64,6 +65,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.head:
         kw["speculative_draft_model_path"] = args.head
     sched, runtime = build_scheduler(EngineArgs(**kw), send=lambda m: None)
+    if args.no_sync_near_end:  # A/B of processing at once a batch whose rows may all end
+        sched.cfg = dataclasses.replace(sched.cfg, sync_near_end=False)
     if args.no_draft_ahead and sched.spec is not None:
         sched.spec.draft_ahead = False  # A/B of drafting the next trees right after the catch-up
     if hasattr(sched.worker, "_thread"):  # the overlap loop's forward thread
@@ -183,7 +186,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     the output's characters too: jump-forward writes forced text in the tokenizer's own spelling,
     which can take fewer tokens than the model would pick, so tokens/s alone would undersell it."""
     jumped, stale, passes = s.stats.jump_forward_tokens, s.stats.jump_stale_tokens, _extend_passes(s)
-    skipped = _skipped_steps(s)
+    skipped, syncs = _skipped_steps(s), _near_end_syncs(s)
     for r in reqs:
         s.add_request(r)
     t0 = time.perf_counter()
@@ -203,6 +206,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "jump_stale_tokens": s.stats.jump_stale_tokens - stale,  # in flight at a jump, thrown away
         "extend_graph_passes": _extend_passes(s) - passes,  # jumps' extends replayed from graphs
         "skipped_steps": _skipped_steps(s) - skipped,  # early exit: forwards not run after every stop
+        "near_end_syncs": _near_end_syncs(s) - syncs,  # batches processed at once near their end
         "tokens_per_step": tokens / max(steps, 1),
         "grammar_rejected": sum(kind == "abort" for kind in kinds),  # must be 0
         "finish_kinds": sorted(set(kinds)),
@@ -214,6 +218,10 @@ def _skipped_steps(s: Any) -> int:
     runner = getattr(getattr(s, "worker", None), "runner", None)
     exit = getattr(getattr(runner, "cuda_graphs", None), "exit", None)
     return exit.skipped if exit is not None else 0
+
+
+def _near_end_syncs(s: Any) -> int:
+    return getattr(getattr(s, "stats", None), "near_end_syncs", 0)
 
 
 def _extend_passes(s: Any) -> int:
@@ -259,7 +267,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
     clock = getattr(s, "_worker_clock", None)
     worker_start = clock.seconds if clock is not None else 0.0
     start_tokens = done = sum(len(r.output_ids) for r in reqs)
-    skipped = _skipped_steps(s)
+    skipped, syncs = _skipped_steps(s), _near_end_syncs(s)
     t0 = time.perf_counter()
     while not all(r.finished for r in reqs):
         w, c = time.perf_counter(), time.thread_time()
@@ -292,6 +300,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
         else None,
         "tokens_per_step": tokens / len(walls),
         "skipped_steps": _skipped_steps(s) - skipped,  # early exit: forwards not run after every stop
+        "near_end_syncs": _near_end_syncs(s) - syncs,  # batches processed at once near their end
         # rows the host's grammar check ended (a token the mask should not have allowed): must be 0
         "grammar_rejected": sum(kind == "abort" for kind in kinds),
         "finish_kinds": sorted(set(kinds)),
@@ -310,7 +319,7 @@ def merged(windows: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(windows[0])
     seconds = sum(w["seconds"] for w in windows)
     for key in ("seconds", "decode_tokens", "steps", "chars", "skipped_steps", "jump_forward_tokens",
-                "jump_stale_tokens", "extend_graph_passes", "grammar_rejected"):  # fmt: skip
+                "jump_stale_tokens", "extend_graph_passes", "grammar_rejected", "near_end_syncs"):  # fmt: skip
         if key in out:
             out[key] = sum(w[key] for w in windows)
     out["tok_s"] = out["decode_tokens"] / seconds
@@ -394,6 +403,8 @@ def main() -> None:
     p.add_argument("--spec-steps", type=int, default=3)
     p.add_argument("--spec-topk", type=int, default=1)
     p.add_argument("--spec-draft-tokens", type=int, default=4)
+    p.add_argument("--no-sync-near-end", action="store_true",
+                   help="keep batches whose rows may all end in flight (SchedulerConfig.sync_near_end)")
     p.add_argument("--no-draft-ahead", action="store_true", help="EAGLE: draft each step's trees on demand")
     p.add_argument("--json-schema", action="store_true", help="same as --grammar json-schema")
     p.add_argument("--grammar", default="none", choices=[*GRAMMARS, "mixed"],

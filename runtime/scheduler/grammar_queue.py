@@ -204,6 +204,15 @@ class GrammarQueue:
         launch = AutomatonLaunch(self.automata, has_init=any(v != -1 for v in init))
         return launch, rows, torch.tensor(init, dtype=torch.int64)
 
+    def tokens_to_end(self, req: Req) -> int | None:
+        """The fewest tokens the request generates after those the host has seen, its stop token
+        included, under a grammar on the device (``TokenAutomaton.steps_to_stop``); None when
+        that is not known (no grammar, or one on the host path)."""
+        if req.automaton is None or req.grammar is None:
+            return None
+        state = req.grammar.automaton_state()
+        return 0 if state < 0 else int(req.automaton.automaton.steps_to_stop[state])
+
     def fill_mask(self, reqs: list[Req]) -> torch.Tensor | None:
         """Bitmask ``[B, ceil(V/32)]`` for a batch, or None when no row needs a host mask."""
         rows = [i for i, r in enumerate(reqs) if needs_host_mask(r) and not r.finished]

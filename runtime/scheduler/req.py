@@ -63,6 +63,9 @@ class Req:
     # row with this tag when it samples a stop token. Renewed whenever device tokens of the
     # request are thrown away, so a mark they left never stops the steps after.
     stop_tag: int = field(default_factory=next_stop_tag)
+    # Decode batches of this request processed at once because it might have ended
+    # (``Scheduler._may_all_end``), which stops after ``NEAR_END_SYNCS``.
+    near_end_syncs: int = 0
     future_ref: int = 0  # future-map index of the newest in-flight token (overlap)
     # --- reporting
     cached_tokens: int = 0

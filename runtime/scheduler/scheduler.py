@@ -29,7 +29,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from phloem.runtime.forward_io import ForwardOutput
+from phloem.runtime.forward_io import ForwardMode, ForwardOutput
 from phloem.runtime.messages import PAUSE_MODES
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.batch import ScheduledBatch
@@ -83,6 +83,12 @@ class SchedulerConfig:
     # Continuous decode launches carry each row's stop ids for the decode graphs' early exit
     # (executor/decode_exit.py): on when the worker's graphs have it.
     decode_early_exit: bool = False
+    # Without it: process at once a decode batch whose every row may end within its tokens in
+    # flight (``_may_all_end``); off only to measure what that saves.
+    sync_near_end: bool = True
+
+
+NEAR_END_SYNCS = 3  # decode batches a request may have processed at once near its end
 
 
 class Scheduler:
@@ -267,7 +273,12 @@ class Scheduler:
         # Without overlap: process what was just launched. With overlap: keep one step in flight,
         # except for a step whose requests may jump forward unless ``jump_overlap`` (a request
         # that jumps while its next launch is in flight throws that launch away: _jump_forward).
-        overlap = self.cfg.overlap and batch is not None and (self.cfg.jump_overlap or not self._may_jump(batch))
+        overlap = (
+            self.cfg.overlap
+            and batch is not None
+            and (self.cfg.jump_overlap or not self._may_jump(batch))
+            and not self._may_all_end(batch)
+        )
         keep = 1 if overlap else 0
         while len(self.inflight) > keep:
             self._process_oldest()
@@ -427,6 +438,33 @@ class Scheduler:
         self.outputs.add(req)
 
     # ------------------------------------------------------------------ jump-forward
+    def _may_all_end(self, batch: ScheduledBatch) -> bool:
+        """Whether every row of a decode batch may end within its tokens in flight, as far as
+        its grammar tells (``Grammar.tokens_to_end``, a lower bound). The batch is then processed
+        at once instead of staying in flight: a launch queued behind it would compute a whole
+        launch of steps for rows that have ended (at batch 1 under a JSON schema, 8 of the ~85
+        steps of a record), and the wait costs the device a host step. A grammar that may end
+        almost anywhere (a regex ending in ``.*``) would pay that wait on every launch, so each
+        request counts as near its end at most ``NEAR_END_SYNCS`` times. Without early exit
+        only: with it the device skips those steps."""
+        if (
+            self.cfg.decode_early_exit
+            or not self.cfg.sync_near_end
+            or self.grammar is None
+            or batch.mode != ForwardMode.DECODE
+        ):
+            return False
+        for req in batch.reqs:
+            if req.near_end_syncs >= NEAR_END_SYNCS:
+                return False
+            need = self.grammar.tokens_to_end(req)
+            if need is None or need > req.pending_outputs:
+                return False
+        for req in batch.reqs:
+            req.near_end_syncs += 1
+        self.stats.near_end_syncs += 1
+        return True
+
     def _may_jump(self, batch: ScheduledBatch) -> bool:
         return self.cfg.enable_jump_forward and any(r.grammar is not None for r in batch.reqs)
 

@@ -289,3 +289,35 @@ def test_device_spelling_takes_the_tokenizers_own_encoding_of_forced_text(tokeni
     text = tokenizer.decode(out)
     assert text and start.startswith(text)
     assert out == tokenizer.encode(text, add_special_tokens=False)  # the canonical spelling
+
+
+def _steps_to_stop_by_hand(auto) -> list[int]:
+    """From each state on its own, a forward breadth-first walk to the first state that allows a
+    stop token (the stop token counts as one step)."""
+    edges: dict[int, set[int]] = {}
+    stops = set()
+    for key, target in zip(auto.keys.tolist(), auto.targets.tolist()):
+        src = key // auto.vocab_size
+        if target < 0:
+            stops.add(src)
+        else:
+            edges.setdefault(src, set()).add(target)
+    out = []
+    for start in range(auto.num_states):
+        seen, frontier, steps = {start}, [start], 1
+        while frontier and not any(s in stops for s in frontier):
+            frontier = [t for s in frontier for t in edges.get(s, ()) if t not in seen]
+            seen.update(frontier)
+            steps += 1
+        out.append(steps if frontier else -1)
+    return out
+
+
+@pytest.mark.parametrize("name", ["regex", "nested"])
+def test_steps_to_stop_is_the_shortest_way_to_the_end(backend, name):
+    from phloem.grammars.automaton import UNREACHABLE
+
+    auto = backend.compile(SPECS[name]).handle.automaton
+    got = [int(d) if d != UNREACHABLE else -1 for d in auto.steps_to_stop]
+    assert got == _steps_to_stop_by_hand(auto)
+    assert got[auto.initial] > 1 and min(got) == 1

@@ -197,3 +197,100 @@ def test_random_traffic_with_stops_gives_the_outputs_without_early_exit(overlap)
     assert (out, fin) == traffic(False)[:2]
     assert skipped > 0
     assert any(f["type"] == "stop" for f in fin.values())
+
+
+class _Matcher:
+    def accept_token(self, token: int) -> bool:
+        return True
+
+    def is_terminated(self) -> bool:
+        return False
+
+
+class EndGrammar:
+    """The scheduler's ``Grammar`` protocol for rows whose grammar is on the device and knows the
+    fewest tokens left to their end: here exactly the tokens before the row's stop token."""
+
+    stop_token_ids = [EOS]
+
+    def __init__(self, ends: dict[str, int]) -> None:
+        self.pending: list[Req] = []
+        self.ends = ends  # rid -> output length at which the row's stop token comes
+
+    def add(self, req: Req) -> None:
+        self.pending.append(req)
+
+    def ready(self, scheduler) -> list[Req]:
+        out, self.pending = self.pending, []
+        for req in out:
+            req.grammar, req.automaton = _Matcher(), object()  # on the device: decodes ahead
+        return out
+
+    def accept(self, req: Req, token: int) -> None:
+        pass
+
+    def jump_forward(self, req: Req, *, first_mutable: int) -> tuple[int, list[int]]:
+        return 0, []
+
+    def fill_mask(self, reqs: list[Req]) -> None:
+        return None
+
+    def tokens_to_end(self, req: Req) -> int | None:
+        return self.ends[req.rid] - len(req.output_ids)
+
+    def automaton_rows(self, reqs: list[Req], discard: list[bool]) -> None:
+        return None
+
+    def take_compile_times(self) -> list[float]:
+        return []
+
+
+def _computed_steps(*, near_end_sync: bool, early_exit: bool = False) -> tuple[int, list[int]]:
+    """Decode rows computed for two grammar rows that stop after 11 and 13 tokens, 8 steps a
+    launch, with overlap; and the outputs."""
+    runner = FeedRunner(4097)
+    h = Harness(pool=4096, overlap=True, decode_steps=8, runner=runner)
+    ends = {"a": 11, "b": 13}
+    h.s.grammar = EndGrammar(ends if near_end_sync else {"a": 10**6, "b": 10**6})
+    h.s.cfg = dataclasses.replace(h.s.cfg, decode_early_exit=early_exit)
+    for rid, n in (("a", 10), ("b", 20)):
+        stop = token_after(n - 1 + ends[rid] - 1)
+        params = SamplingParams(max_new_tokens=60, temperature=0.0, json_schema="{}", stop_token_ids=[stop])
+        req = Req(rid=rid, origin_input_ids=list(range(100, 100 + n)), params=params,
+                  stop_checker=StopChecker(params, eos_token_ids={EOS}))  # fmt: skip
+        h.s.add_request(req)
+    h.run()
+    out = h.outputs()
+    assert out == {"a": expected(10, 11), "b": expected(20, 13)}
+    return runner.decode_inputs, out
+
+
+def test_a_batch_that_may_end_is_processed_before_the_next_launch():
+    """With every row within reach of its end, the launch is processed at once, so no launch of
+    8 steps is queued behind it for rows that ended: 16 rows fewer computed here. With early
+    exit the device skips such steps instead, and the batch stays in flight."""
+    synced, _ = _computed_steps(near_end_sync=True)
+    overlapped, _ = _computed_steps(near_end_sync=False)
+    assert overlapped - synced == 16
+    assert _computed_steps(near_end_sync=True, early_exit=True)[0] == overlapped
+
+
+def test_a_grammar_that_may_always_end_waits_only_a_few_times():
+    """A row whose grammar could end after any token (a regex ending in ``.*``) would be processed
+    at once every launch: each request counts as near its end at most ``NEAR_END_SYNCS`` times."""
+    from phloem.runtime.scheduler.scheduler import NEAR_END_SYNCS
+
+    class AlwaysNear(EndGrammar):
+        def tokens_to_end(self, req: Req) -> int:
+            return 1
+
+    runner = FeedRunner(4097)
+    h = Harness(pool=4096, overlap=True, decode_steps=8, runner=runner)
+    h.s.grammar = AlwaysNear({})
+    params = SamplingParams(max_new_tokens=60, temperature=0.0, json_schema="{}")
+    req = Req(rid="a", origin_input_ids=list(range(100, 110)), params=params,
+              stop_checker=StopChecker(params, eos_token_ids={EOS}))  # fmt: skip
+    h.s.add_request(req)
+    h.run()
+    assert h.outputs()["a"] == expected(10, 60)
+    assert req.near_end_syncs == NEAR_END_SYNCS == h.s.stats.near_end_syncs

@@ -69,6 +69,7 @@ class ForcingGrammar:
         self.pending: list[Req] = []
         self.on_device = on_device
         self.jumps = 0
+        self.stop_token_ids = [EOS]
 
     def add(self, req: Req) -> None:
         self.pending.append(req)
@@ -99,6 +100,9 @@ class ForcingGrammar:
             return 0, []
         self.jumps += 1
         return drop, new_ids
+
+    def tokens_to_end(self, req: Req) -> None:
+        return None  # unknown: batches stay in flight as before
 
     def fill_mask(self, reqs: list[Req]) -> None:
         return None
