@@ -213,6 +213,14 @@ class GrammarQueue:
         state = req.grammar.automaton_state()
         return 0 if state < 0 else int(req.automaton.automaton.steps_to_stop[state])
 
+    def shortest_output(self, req: Req) -> int | None:
+        """The fewest tokens the request's grammar accepts, its stop token included, under a grammar
+        on the device; None when not known."""
+        if req.automaton is None:
+            return None
+        auto = req.automaton.automaton
+        return int(auto.steps_to_stop[auto.initial])
+
     def fill_mask(self, reqs: list[Req]) -> torch.Tensor | None:
         """Bitmask ``[B, ceil(V/32)]`` for a batch, or None when no row needs a host mask."""
         rows = [i for i, r in enumerate(reqs) if needs_host_mask(r) and not r.finished]

@@ -238,6 +238,9 @@ class EndGrammar:
     def tokens_to_end(self, req: Req) -> int | None:
         return self.ends[req.rid] - len(req.output_ids)
 
+    def shortest_output(self, req: Req) -> int:
+        return 24
+
     def automaton_rows(self, reqs: list[Req], discard: list[bool]) -> None:
         return None
 
@@ -294,3 +297,23 @@ def test_a_grammar_that_may_always_end_waits_only_a_few_times():
     h.run()
     assert h.outputs()["a"] == expected(10, 60)
     assert req.near_end_syncs == NEAR_END_SYNCS == h.s.stats.near_end_syncs
+
+
+def test_a_grammar_with_a_short_shortest_output_never_waits():
+    """A grammar that may end after a couple of tokens (most regexes) has no end of its own to be
+    near: its batches stay in flight."""
+
+    class Short(EndGrammar):
+        def shortest_output(self, req: Req) -> int:
+            return 3
+
+    runner = FeedRunner(4097)
+    h = Harness(pool=4096, overlap=True, decode_steps=8, runner=runner)
+    h.s.grammar = Short({"a": 11})
+    params = SamplingParams(
+        max_new_tokens=60, temperature=0.0, json_schema="{}", stop_token_ids=[token_after(19)]
+    )
+    h.s.add_request(Req(rid="a", origin_input_ids=list(range(100, 110)), params=params,
+                        stop_checker=StopChecker(params, eos_token_ids={EOS})))  # fmt: skip
+    h.run()
+    assert h.outputs()["a"] == expected(10, 11) and h.s.stats.near_end_syncs == 0

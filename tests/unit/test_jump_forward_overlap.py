@@ -104,6 +104,9 @@ class ForcingGrammar:
     def tokens_to_end(self, req: Req) -> None:
         return None  # unknown: batches stay in flight as before
 
+    def shortest_output(self, req: Req) -> None:
+        return None
+
     def fill_mask(self, reqs: list[Req]) -> None:
         return None
 
