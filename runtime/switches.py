@@ -99,8 +99,8 @@ EXTEND_KERNEL = Switch(
 )  # fmt: skip
 # ---- decode
 DECODE_EARLY_EXIT = Switch(
-    "PHLOEM_DECODE_EARLY_EXIT", bool, True,
-    "CUDA graphs skip continuous decode steps once every row sampled a stop token (conditional nodes)",
+    "PHLOEM_DECODE_EARLY_EXIT", bool, False,
+    "CUDA graphs skip continuous decode steps once every row sampled a stop token (needs torch's conditional nodes)",
 )  # fmt: skip
 # ---- jump-forward (--enable-jump-forward)
 JUMP_FORWARD_DEVICE_SPELLING = Switch(

@@ -232,8 +232,9 @@ class ModelRunner:
 
     # ---- construction -------------------------------------------------------------------------
     def _decode_exit(self) -> Any:
-        """Early exit for the decode graphs (``decode_exit.py``) where this torch can capture
-        conditional nodes and ``PHLOEM_DECODE_EARLY_EXIT`` is on; otherwise None."""
+        """Early exit for the decode graphs (``decode_exit.py``) when ``PHLOEM_DECODE_EARLY_EXIT``
+        is on and this torch can capture conditional nodes; otherwise None. Off by default: the
+        GPU machines' torch (2.11) cannot, so the capture inside an IF node has not run on a GPU."""
         from phloem.runtime import switches
         from phloem.runtime.executor.decode_exit import DecodeExit, conditional_graphs_supported
 
