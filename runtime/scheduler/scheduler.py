@@ -684,6 +684,7 @@ class Scheduler:
             "jump_forward_stale_tokens_total": s.jump_stale_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
             "decode_steps_skipped_total": self._decode_steps_skipped(),
+            "near_end_syncs_total": s.near_end_syncs,
             "prefill_batches_total": s.prefill_batches,
             "spec_window_steps_total": s.spec_window_steps,
             "decode_step_ms": (self.pace.per_step or 0.0) * 1e3,

@@ -25,6 +25,26 @@ PERSON = {
     "required": ["name", "age", "tags"],
 }
 PHONE = r"\(\d{3}\) \d{3}-\d{4}( ext \d{1,4})?"
+# a document whose shortest output is long (40 tokens), so its end is a region of its own: a
+# continuous batch of it alone is read at once near the end (``Scheduler._may_all_end``)
+RECORD = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "email": {"type": "string", "pattern": "^[a-z]{1,8}@[a-z]{1,8}\\.com$"},
+        "role": {"enum": ["admin", "editor", "viewer"]},
+        "address": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 12},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+            "required": ["city", "zip"],
+        },
+    },
+    "required": ["name", "email", "role", "address"],
+}
+RECORD_PARAMS = {"temperature": 0, "max_new_tokens": 120, "json_schema": json.dumps(RECORD)}
 BOUNDED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 99}}, "required": ["n"]}
 PROMPTS = [
     "Describe a person as JSON:",
@@ -52,9 +72,12 @@ def runs():
         device = eng.generate(PROMPTS, sampling_params=PARAMS)
         steps = eng.get_server_info()["live"]["continuous_decode_steps_total"]
         bounded = eng.generate("A number as JSON:", sampling_params={**GREEDY, "json_schema": json.dumps(BOUNDED)})
+        record = eng.generate("A user record as JSON:", sampling_params=RECORD_PARAMS)
+        syncs = eng.get_server_info()["live"]["near_end_syncs_total"]
     with Engine(log_level="warning", grammar_backend="outlines", grammar_on_device="off") as eng:
         host = eng.generate(PROMPTS, sampling_params=PARAMS)
-    return device, steps, bounded, host
+        host_record = eng.generate("A user record as JSON:", sampling_params=RECORD_PARAMS)
+    return device, steps, bounded, host, (record, syncs, host_record)
 
 
 def _check_valid(out: dict, params: dict) -> None:
@@ -66,7 +89,7 @@ def _check_valid(out: dict, params: dict) -> None:
 
 
 def test_constrained_rows_are_valid(runs):
-    device, _, bounded, host = runs
+    device, _, bounded, host, _ = runs
     for outs in (device, host):
         for out, params in zip(outs, PARAMS):
             if "json_schema" in params or "regex" in params:
@@ -75,14 +98,23 @@ def test_constrained_rows_are_valid(runs):
 
 
 def test_greedy_tokens_equal_the_host_path_over_the_same_dfa(runs):
-    device, _, _, host = runs
+    device, _, _, host, _ = runs
     for i, params in enumerate(PARAMS):
         if params["temperature"] == 0:
             assert device[i]["output_ids"] == host[i]["output_ids"], PROMPTS[i]
 
 
 def test_constrained_batches_ran_continuous_steps(runs):
-    device, steps, _, _ = runs
+    device, steps, _, _, _ = runs
     longest = max(o["meta_info"]["completion_tokens"] for o in device)
     # every row may decode ahead, so most steps run four to a launch
     assert steps >= 0.5 * (longest - 1)
+
+
+def test_a_record_alone_is_read_at_once_near_its_end_and_keeps_its_tokens(runs):
+    """The overlap loop processes the record's batch at once when it may have ended, instead of
+    queueing a launch behind it; the output is the host path's, token for token, and valid."""
+    record, syncs, host_record = runs[4]
+    _check_valid(record, RECORD_PARAMS)
+    assert record["output_ids"] == host_record["output_ids"]
+    assert 1 <= syncs <= 3
