@@ -438,18 +438,18 @@ class Scheduler:
             req.finish(reason)
         self.outputs.add(req)
 
-    # ------------------------------------------------------------------ jump-forward
+    # ------------------------------------------------------------------ the end of a request
     def _may_all_end(self, batch: ScheduledBatch) -> bool:
         """Whether every row of a decode batch may end within its tokens in flight, as far as
         its grammar tells (``Grammar.tokens_to_end``, a lower bound). The batch is then processed
         at once instead of staying in flight: a launch queued behind it would compute a whole
-        launch of steps for rows that have ended (at batch 1 under a JSON schema, 8 of the ~85
-        steps of a record), and the wait costs the device about three steps of host work. So
-        only grammars whose shortest output is ``NEAR_END_MIN_OUTPUT`` tokens or more take part
-        (a document such as a JSON record, whose end is a place of its own; a regex that may end
-        after any word would wait at every launch: 0.98 -> 0.90 of unconstrained at batch 1),
-        and each request at most ``NEAR_END_SYNCS`` times. Without early exit only: with it the
-        device skips those steps."""
+        launch of steps for rows that have ended, while the wait costs the device only the
+        host's work between two launches. That trade pays near the end of a document (a JSON
+        record), not under a grammar that may end after almost any token (a regex of words up
+        to a period), which would wait at every launch: so only grammars whose shortest output
+        is ``NEAR_END_MIN_OUTPUT`` tokens or more take part, each request at most
+        ``NEAR_END_SYNCS`` times. Without early exit only: with it the device skips those steps
+        (docs/performance-notes.md has the measurements)."""
         if (
             self.cfg.decode_early_exit
             or not self.cfg.sync_near_end
@@ -471,6 +471,7 @@ class Scheduler:
         self.stats.near_end_syncs += 1
         return True
 
+    # ------------------------------------------------------------------ jump-forward
     def _may_jump(self, batch: ScheduledBatch) -> bool:
         return self.cfg.enable_jump_forward and any(r.grammar is not None for r in batch.reqs)
 
