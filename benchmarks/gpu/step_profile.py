@@ -214,10 +214,10 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
 
 
 def _skipped_steps(s: Any) -> int:
-    """Continuous decode steps whose forward the decode graphs skipped (early exit; a sync)."""
-    runner = getattr(getattr(s, "worker", None), "runner", None)
-    exit = getattr(getattr(runner, "cuda_graphs", None), "exit", None)
-    return exit.skipped if exit is not None else 0
+    """Continuous decode steps whose forward the decode graphs skipped (early exit), read without
+    waiting: exact after a drain; a launch in flight when a window starts counts in that window."""
+    count = getattr(s, "decode_steps_skipped", None)
+    return count() if count is not None else 0
 
 
 def _near_end_syncs(s: Any) -> int:

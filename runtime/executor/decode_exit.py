@@ -67,6 +67,7 @@ class DecodeExit:
     def __init__(self, pool_rows: int, device: torch.device) -> None:
         self.device = device
         self.go = torch.ones((), dtype=torch.bool, device=device)
+        self._may_be_closed = False  # whether an update ran since the last open (host side)
         self.done = torch.zeros(pool_rows, dtype=torch.int64, device=device)  # tags start at 1
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         # its host mirror, refreshed without a wait after each gated launch (``publish``)
@@ -84,8 +85,12 @@ class DecodeExit:
             graph.end_capture_to_conditional_node()
 
     def open(self) -> None:
-        """Every gated step runs (batches that carry no stop ids, one-step replays)."""
-        self.go.fill_(True)
+        """Every gated step runs (batches that carry no stop ids, one-step replays). A launch
+        only where an ``update`` may have cleared the flag since the last ``open``: one-step
+        replays call this every step."""
+        if self._may_be_closed:
+            self.go.fill_(True)
+            self._may_be_closed = False
 
     def update(
         self,
@@ -102,6 +107,7 @@ class DecodeExit:
         device: ``rows`` and ``tags`` ``[B]`` int64, ``stop_ids`` ``[B, K]`` int64 (-1 pads)."""
         if rows.shape[0] == 0:
             raise ValueError("an empty batch has no decode step to gate")
+        self._may_be_closed = True
         if self.device.type != "cuda":
             go = stop_flags_reference(self.done, rows, tags, stop_ids, tokens)
             self.go.copy_(go)

@@ -656,9 +656,10 @@ class Scheduler:
             self.grammar.take_compile_times()
         self.cache.reset_counters()
 
-    def _decode_steps_skipped(self) -> int:
+    def decode_steps_skipped(self) -> int:
         """Continuous decode steps the decode graphs skipped after every row's stop (early exit,
-        ``executor/decode_exit.py``), as of a recent launch; 0 without it or out of process."""
+        ``executor/decode_exit.py``), as of a recent launch (exact once the launches in flight
+        are processed); 0 without it or out of process."""
         graphs = getattr(getattr(self.worker, "runner", None), "cuda_graphs", None)
         exit = getattr(graphs, "exit", None)
         return exit.skipped_published if exit is not None else 0
@@ -684,7 +685,7 @@ class Scheduler:
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "jump_forward_stale_tokens_total": s.jump_stale_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
-            "decode_steps_skipped_total": self._decode_steps_skipped(),
+            "decode_steps_skipped_total": self.decode_steps_skipped(),
             "near_end_syncs_total": s.near_end_syncs,
             "prefill_batches_total": s.prefill_batches,
             "spec_window_steps_total": s.spec_window_steps,
