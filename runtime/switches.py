@@ -111,6 +111,10 @@ JUMP_FORWARD_OVERLAP = Switch(
     "PHLOEM_JUMP_FORWARD_OVERLAP", bool, False,
     "overlap batches that may jump (a jump throws its launch in flight away), not process them at once",
 )  # fmt: skip
+JUMP_EXTEND_OVERLAP = Switch(
+    "PHLOEM_JUMP_EXTEND_OVERLAP", bool, False,
+    "overlap the extend passes of batches that may jump; a row jumps only once no launch of it is in flight",
+)  # fmt: skip
 # ---- files and diagnosis
 CACHE_DIR = Switch("PHLOEM_CACHE_DIR", str, "", "where downloaded models go (empty: ~/.cache/phloem)")
 LOOP_TRACE = Switch("PHLOEM_LOOP_TRACE", str, "", "write one line per busy scheduler iteration to this file")

@@ -216,6 +216,7 @@ def _scheduler_config(args: EngineArgs, runner: Any) -> SchedulerConfig:
         log_interval=args.log_interval,
         enable_jump_forward=jump_forward,
         jump_overlap=switches.JUMP_FORWARD_OVERLAP.flag(),
+        jump_extend_overlap=switches.JUMP_EXTEND_OVERLAP.flag(),
         decode_steps=decode_steps,
         decode_budget_s=decode_budget_s,
         decode_early_exit=getattr(getattr(runner, "cuda_graphs", None), "exit", None) is not None,

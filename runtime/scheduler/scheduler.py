@@ -75,6 +75,10 @@ class SchedulerConfig:
     # With overlap: keep a batch that may jump in flight too (a jump then throws its request's
     # next launch away, ``Scheduler._jump_forward``), rather than process it at once.
     jump_overlap: bool = False
+    # With overlap: keep an extend pass in flight even when its rows may jump (the decode launch
+    # behind it starts from its sampled tokens on the device); a row jumps only once the host has
+    # seen all its tokens, so a jump never throws a launch away.
+    jump_extend_overlap: bool = False
     # Decode steps launched as one (``--num-continuous-decode-steps``): see ``steps.continuous``.
     decode_steps: int = 1
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
@@ -273,11 +277,16 @@ class Scheduler:
         t2 = time.perf_counter()
         # Without overlap: process what was just launched. With overlap: keep one step in flight,
         # except for a step whose requests may jump forward unless ``jump_overlap`` (a request
-        # that jumps while its next launch is in flight throws that launch away: _jump_forward).
+        # that jumps while its next launch is in flight throws that launch away: _jump_forward)
+        # or, for an extend pass, ``jump_extend_overlap`` (its rows then wait to jump).
         overlap = (
             self.cfg.overlap
             and batch is not None
-            and (self.cfg.jump_overlap or not self._may_jump(batch))
+            and (
+                self.cfg.jump_overlap
+                or (self.cfg.jump_extend_overlap and batch.is_prefill)
+                or not self._may_jump(batch)
+            )
             and not self._may_all_end(batch)
         )
         keep = 1 if overlap else 0
@@ -485,6 +494,8 @@ class Scheduler:
         until then the launch reads the request's row of ``req_to_token``, which the extend
         rewrites, and its device grammar state, which the extend sets from the matcher."""
         assert self.grammar is not None
+        if req.pending_outputs and not self.cfg.jump_overlap:
+            return 0  # a launch of it is in flight (jump_extend_overlap): it decodes the forced run
         kept_kv = min(req.kv_len, len(req.fill_ids) - 1)  # the newest token has no KV yet
         first_mutable = max(req.sent_output_len, req.prefix_len - req.prompt_len, 0)
         drop_k, new_ids = self.grammar.jump_forward(req, first_mutable=first_mutable)  # within budget

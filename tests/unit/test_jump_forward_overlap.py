@@ -216,3 +216,48 @@ def test_random_traffic_with_jumps_keeps_outputs_and_the_pool(overlap):
     out = h.outputs()
     for rid, p in prompts.items():
         check_output(p, out.get(rid, []))
+
+
+def extend_overlap_harness(**kw) -> Harness:
+    h = harness(overlap=True, **kw)
+    h.s.cfg = dataclasses.replace(h.s.cfg, jump_overlap=False, jump_extend_overlap=True)
+    return h
+
+
+@pytest.mark.parametrize("steps", [1, 4])
+def test_extend_overlap_keeps_jump_extends_in_flight_and_throws_nothing_away(steps):
+    """jump_extend_overlap: the decode launch behind a jump's extend is queued before the extend
+    is processed; a row whose extend token leads into a forced run decodes it in that launch
+    instead of jumping, so no launch is thrown away and every output stays the model's own."""
+    h = extend_overlap_harness(steps=steps, on_device=True)
+    for i, p in enumerate(PROMPTS):
+        add(h, f"r{i}", p, 40)
+    extends_in_flight = 0
+    while h.s.step():
+        held = [b for b, _ in h.s.inflight]
+        if held and held[0].is_prefill and all(r.output_ids for r in held[0].reqs):
+            extends_in_flight += 1  # a jump's extend stays in flight behind this step
+    h.run()
+    assert extends_in_flight > 0 and h.s.grammar.jumps > 0
+    assert h.s.stats.jump_stale_tokens == 0
+    out = h.outputs()
+    for i, p in enumerate(PROMPTS):
+        assert len(out[f"r{i}"]) == 40
+        check_output(p, out[f"r{i}"])
+
+
+def test_a_jump_extend_leaves_output_tokens_out_of_the_tree_until_the_request_ends():
+    """Prompt tokens enter the tree once computed; the forced tokens a jump extends are output
+    tokens, which enter it at the end as decoded ones do (no insert per jump)."""
+    h = harness(overlap=False)
+    h.s.cfg = dataclasses.replace(h.s.cfg, jump_overlap=False)
+    prompt = list(range(100, 110))
+    req = add(h, "a", prompt, 30)
+    while h.s.grammar.jumps == 0 or req in h.s.jumped:  # until a jump's extend is processed
+        assert h.s.step()
+    assert req.kv_len > len(prompt) + 1
+    assert h.cache.tree.total_size == len(prompt)  # the prompt only
+    h.run()
+    # prompt and output at the end (a jump that reached max_new_tokens was never computed)
+    assert h.cache.tree.total_size >= len(prompt) + 30 - len(FORCED) - 1
+    check_output(prompt, h.outputs()["a"])

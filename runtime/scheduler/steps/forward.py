@@ -70,7 +70,9 @@ def process_rows(s: Scheduler, batch: ScheduledBatch, out: ForwardOutput, tokens
         req.pending_outputs -= 1
         if req.drop_stale(1) or req.finished:
             continue
-        if batch.prefill_row[i]:
+        if batch.prefill_row[i] and batch.prefix_lens[i] < req.prompt_len:
+            # prompt tokens enter the tree now; a jump-forward extend computes output tokens
+            # only, which enter it when the request ends, as decoded ones do
             s.share_prefix(req, batch.prefix_lens[i] + batch.extend_lens[i])
         s.append_token(req, tokens[i], lp)
     if plain:
