@@ -37,6 +37,7 @@ from .base import GrammarError
 
 FREE = 0  # the state of an unconstrained row: all tokens allowed, self loop
 UNREACHABLE = np.iinfo(np.int32).max  # steps_to_stop of a state with no path to a stop
+UNBOUNDED = np.iinfo(np.int32).max  # longest_to_stop of a state from which a loop is reachable
 MAX_STATES = 4096  # states of one automaton; a larger DFA stays on the host path
 MAX_TRANSITIONS = 8_000_000  # transitions of one automaton (12 bytes each on the device)
 
@@ -108,6 +109,34 @@ class TokenAutomaton:
             frontier = np.zeros(n, dtype=bool)
             frontier[reached] = True
         return dist
+
+    @functools.cached_property
+    def longest_to_stop(self) -> np.ndarray:
+        """``[S]`` int32: the most tokens from each state to the end, the stop token included
+        (``UNBOUNDED`` where a loop is reachable). An upper bound on what a row in that state
+        still generates: past it the row has certainly stopped, so the scheduler launches no
+        more steps for it (as it does at ``max_new_tokens``). A state's bound is known once every
+        state it leads to has one, so states are settled from the ends backwards, a level at a
+        time; those never settled reach a loop."""
+        n = self.num_states
+        src = self.keys // self.vocab_size
+        ends = self.targets < 0
+        longest = np.full(n, UNBOUNDED, dtype=np.int32)
+        best = np.zeros(n, dtype=np.int64)  # the longest settled way on, 1 where it may stop here
+        best[np.unique(src[ends])] = 1
+        pairs = np.unique(src[~ends] * n + self.targets[~ends])
+        edge_src, edge_dst = pairs // n, pairs % n
+        waiting = np.bincount(edge_src, minlength=n)  # successors not settled yet
+        waiting[(waiting == 0) & (best == 0)] = 1  # a dead end (no token allowed) bounds nothing
+        frontier = waiting == 0
+        while frontier.any():
+            longest[frontier] = best[frontier]
+            done = frontier[edge_dst]
+            np.maximum.at(best, edge_src[done], best[edge_dst[done]] + 1)
+            before = waiting > 0
+            np.subtract.at(waiting, edge_src[done], 1)
+            frontier = before & (waiting == 0)
+        return longest
 
     def next_local(self, state: int, token: int) -> int | None:
         """The local state after ``token`` (-1 after a stop token), None when it is not allowed;

@@ -225,6 +225,10 @@ class OutlinesBackend(GrammarBackend):
         )
         if automaton is not None and self._canonical_forced:
             grammar.automaton = automaton.forcing(canonical_forced_tokens(grammar, self.tokenizer))
+        if grammar.automaton is not None:
+            # the scheduler reads both bounds per request: computed here, on the compile thread,
+            # not in the scheduler's loop when the first request of the grammar runs
+            grammar.automaton.steps_to_stop, grammar.automaton.longest_to_stop  # noqa: B018
         return grammar
 
     def _regex(self, spec: GrammarSpec) -> str:

@@ -67,6 +67,8 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     sched, runtime = build_scheduler(EngineArgs(**kw), send=lambda m: None)
     if args.no_sync_near_end:  # A/B of processing at once a batch whose rows may all end
         sched.cfg = dataclasses.replace(sched.cfg, sync_near_end=False)
+    if args.no_grammar_cap:  # A/B of launching no step past a grammar's longest way to its end
+        sched.cfg = dataclasses.replace(sched.cfg, cap_at_grammar_end=False)
     if args.no_draft_ahead and sched.spec is not None:
         sched.spec.draft_ahead = False  # A/B of drafting the next trees right after the catch-up
     if hasattr(sched.worker, "_thread"):  # the overlap loop's forward thread
@@ -405,6 +407,8 @@ def main() -> None:
     p.add_argument("--spec-draft-tokens", type=int, default=4)
     p.add_argument("--no-sync-near-end", action="store_true",
                    help="keep batches whose rows may all end in flight (SchedulerConfig.sync_near_end)")
+    p.add_argument("--no-grammar-cap", action="store_true",
+                   help="launch steps past the most tokens a grammar allows (SchedulerConfig.cap_at_grammar_end)")
     p.add_argument("--no-draft-ahead", action="store_true", help="EAGLE: draft each step's trees on demand")
     p.add_argument("--json-schema", action="store_true", help="same as --grammar json-schema")
     p.add_argument("--grammar", default="none", choices=[*GRAMMARS, "mixed"],

@@ -213,6 +213,20 @@ class GrammarQueue:
         state = req.grammar.automaton_state()
         return 0 if state < 0 else int(req.automaton.automaton.steps_to_stop[state])
 
+    def tokens_left_at_most(self, req: Req) -> int | None:
+        """The most tokens the request generates after those the host has seen, its stop token
+        included, under a grammar on the device (``TokenAutomaton.longest_to_stop``); None when
+        unbounded (a loop ahead) or not known."""
+        if req.automaton is None or req.grammar is None:
+            return None
+        state = req.grammar.automaton_state()
+        if state < 0:
+            return 0
+        from phloem.grammars.automaton import UNBOUNDED
+
+        left = int(req.automaton.automaton.longest_to_stop[state])
+        return None if left == UNBOUNDED else left
+
     def shortest_output(self, req: Req) -> int | None:
         """The fewest tokens the request's grammar accepts, its stop token included, under a grammar
         on the device; None when not known."""

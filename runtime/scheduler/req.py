@@ -66,6 +66,10 @@ class Req:
     # Decode batches of this request processed at once because it might have ended
     # (``Scheduler._may_all_end``), which stops after ``NEAR_END_SYNCS``.
     near_end_syncs: int = 0
+    # The most output tokens the request can end with, as its grammar tells from what the host
+    # has seen (``Scheduler._output_cap``; None: no bound): like ``max_new_tokens``, no step is
+    # launched past it, since the row has certainly stopped by then.
+    output_cap: int | None = None
     future_ref: int = 0  # future-map index of the newest in-flight token (overlap)
     # --- reporting
     cached_tokens: int = 0
@@ -133,15 +137,20 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        return max(self.params.max_new_tokens - self.num_outputs_launched, 0)
+        limit = self.params.max_new_tokens
+        if self.output_cap is not None:
+            limit = min(limit, self.output_cap)
+        return max(limit - self.num_outputs_launched, 0)
 
     @property
     def wants_token(self) -> bool:
         """Not finished and ``remaining_new_tokens > 0``: a decode step has a row for it (read for
         every running request each step, hence spelled out)."""
+        launched = len(self.output_ids) + self.pending_outputs
         return (
             self.finished_reason is None
-            and self.params.max_new_tokens > len(self.output_ids) + self.pending_outputs
+            and self.params.max_new_tokens > launched
+            and (self.output_cap is None or self.output_cap > launched)
         )
 
     @property

@@ -90,6 +90,9 @@ class SchedulerConfig:
     # Without it: process at once a decode batch whose every row may end within its tokens in
     # flight (``_may_all_end``); off only to measure what that saves.
     sync_near_end: bool = True
+    # Launch no step past a request's ``output_cap`` (the most tokens its grammar on the device
+    # still allows, ``_output_cap``); off only to measure what that saves.
+    cap_at_grammar_end: bool = True
 
 
 NEAR_END_SYNCS = 3  # decode batches a request may have processed at once near its end
@@ -445,9 +448,26 @@ class Scheduler:
             if reason.keep is not None:
                 del req.output_ids[reason.keep :]
             req.finish(reason)
+        else:
+            req.output_cap = self._output_cap(req)
         self.outputs.add(req)
 
     # ------------------------------------------------------------------ the end of a request
+    def _output_cap(self, req: Req) -> int | None:
+        """The most output tokens ``req`` can end with, from the state the host has seen of its
+        grammar on the device (``Grammar.tokens_left_at_most``); None when unbounded or unknown.
+        A stop token the grammar allows ends the request unless a ``min_new_tokens`` floor holds
+        it back, so then there is no bound. Never below the outputs plus one while the request
+        runs (a live state allows at least its stop token), so a request always has a next step.
+        With it the scheduler stops launching steps for a row that has certainly ended, as at
+        ``max_new_tokens``: a record that ends inside a launch gets no launch queued behind it."""
+        if not self.cfg.cap_at_grammar_end or self.grammar is None or req.grammar is None:
+            return None
+        if req.params.min_new_tokens:
+            return None
+        left = self.grammar.tokens_left_at_most(req)
+        return None if left is None else len(req.output_ids) + max(left, 1)
+
     def _may_all_end(self, batch: ScheduledBatch) -> bool:
         """Whether every row of a decode batch may end within its tokens in flight, as far as
         its grammar tells (``Grammar.tokens_to_end``, a lower bound). The batch is then processed

@@ -321,3 +321,50 @@ def test_steps_to_stop_is_the_shortest_way_to_the_end(backend, name):
     got = [int(d) if d != UNREACHABLE else -1 for d in auto.steps_to_stop]
     assert got == _steps_to_stop_by_hand(auto)
     assert got[auto.initial] > 1 and min(got) == 1
+
+
+def _longest_to_stop_by_hand(auto) -> list[int]:
+    """From each state, a depth-first walk over every way on: the most steps to a stop token (the
+    stop counts as one), or -1 where a walk comes back to a state it is on (a loop)."""
+    edges: dict[int, set[int]] = {}
+    stops = set()
+    for key, target in zip(auto.keys.tolist(), auto.targets.tolist()):
+        src = key // auto.vocab_size
+        if target < 0:
+            stops.add(src)
+        else:
+            edges.setdefault(src, set()).add(target)
+    memo: dict[int, int] = {}
+
+    def longest(s: int, path: frozenset[int]) -> int:
+        if s in path:
+            return -1
+        if s not in memo:
+            ways = [longest(t, path | {s}) for t in edges.get(s, ())]
+            if any(w < 0 for w in ways):
+                memo[s] = -1
+            else:
+                memo[s] = max(([1] if s in stops else []) + [w + 1 for w in ways])
+        return memo[s]
+
+    return [longest(s, frozenset()) for s in range(auto.num_states)]
+
+
+@pytest.mark.parametrize("name", ["regex", "nested", "enum_in_array"])
+def test_longest_to_stop_is_the_longest_way_to_the_end(backend, name):
+    from phloem.grammars.automaton import UNBOUNDED
+
+    auto = backend.compile(SPECS[name]).handle.automaton
+    got = [int(d) if d != UNBOUNDED else -1 for d in auto.longest_to_stop]
+    assert got == _longest_to_stop_by_hand(auto)
+    bounded = [g for g in got if g > 0]
+    assert bounded and min(bounded) == 1
+    assert all(g == -1 or g >= s for g, s in zip(got, auto.steps_to_stop.tolist()))
+
+
+def test_a_loop_ahead_leaves_a_state_unbounded(backend):
+    from phloem.grammars.automaton import UNBOUNDED
+
+    auto = backend.compile(GrammarSpec("regex", r"[a-z]+!")).handle.automaton
+    assert auto.longest_to_stop[auto.initial] == UNBOUNDED
+    assert auto.longest_to_stop.min() == 1  # after the "!": only the stop token is left

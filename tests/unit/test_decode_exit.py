@@ -241,6 +241,9 @@ class EndGrammar:
     def shortest_output(self, req: Req) -> int:
         return 24
 
+    def tokens_left_at_most(self, req: Req) -> None:
+        return None  # unbounded: launches are not cut short
+
     def automaton_rows(self, reqs: list[Req], discard: list[bool]) -> None:
         return None
 
@@ -248,13 +251,24 @@ class EndGrammar:
         return []
 
 
-def _computed_steps(*, near_end_sync: bool, early_exit: bool = False) -> tuple[int, list[int]]:
+class BoundedGrammar(EndGrammar):
+    """Also knows the most tokens left: exactly those before the row's stop token, and the stop."""
+
+    def tokens_left_at_most(self, req: Req) -> int:
+        return self.ends[req.rid] - len(req.output_ids)
+
+
+def _computed_steps(
+    *, near_end_sync: bool, early_exit: bool = False, bounded: bool = False
+) -> tuple[int, list[int]]:
     """Decode rows computed for two grammar rows that stop after 11 and 13 tokens, 8 steps a
     launch, with overlap; and the outputs."""
     runner = FeedRunner(4097)
     h = Harness(pool=4096, overlap=True, decode_steps=8, runner=runner)
     ends = {"a": 11, "b": 13}
-    h.s.grammar = EndGrammar(ends if near_end_sync else {"a": 10**6, "b": 10**6})
+    known = ends if near_end_sync or bounded else {"a": 10**6, "b": 10**6}
+    h.s.grammar = (BoundedGrammar if bounded else EndGrammar)(known)
+    h.s.cfg = dataclasses.replace(h.s.cfg, sync_near_end=near_end_sync)
     h.s.cfg = dataclasses.replace(h.s.cfg, decode_early_exit=early_exit)
     for rid, n in (("a", 10), ("b", 20)):
         stop = token_after(n - 1 + ends[rid] - 1)
@@ -276,6 +290,16 @@ def test_a_batch_that_may_end_is_processed_before_the_next_launch():
     overlapped, _ = _computed_steps(near_end_sync=False)
     assert overlapped - synced == 16
     assert _computed_steps(near_end_sync=True, early_exit=True)[0] == overlapped
+
+
+def test_no_step_is_launched_past_the_most_tokens_a_grammar_allows():
+    """A grammar on the device that bounds the tokens left (``Scheduler._output_cap``) stops the
+    launches for a row at that bound, as ``max_new_tokens`` does: with an exact bound every decode
+    row computed is a token kept (10 and 12 after the first token from the prefill), where the
+    overlap loop alone computes whole launches behind each row's end."""
+    capped, out = _computed_steps(near_end_sync=False, bounded=True)
+    assert capped == (11 - 1) + (13 - 1)
+    assert _computed_steps(near_end_sync=False)[0] > capped + 8
 
 
 def test_a_grammar_that_may_always_end_waits_only_a_few_times():

@@ -107,6 +107,9 @@ class ForcingGrammar:
     def shortest_output(self, req: Req) -> None:
         return None
 
+    def tokens_left_at_most(self, req: Req) -> None:
+        return None  # unbounded: launches are not cut short
+
     def fill_mask(self, reqs: list[Req]) -> None:
         return None
 
