@@ -45,6 +45,17 @@ RECORD = {
     "required": ["name", "email", "role", "address"],
 }
 RECORD_PARAMS = {"temperature": 0, "max_new_tokens": 120, "json_schema": json.dumps(RECORD)}
+# every way through it is bounded (a short string, an enum, a boolean): the scheduler knows the
+# most tokens left at each point and launches no step past them (``Scheduler._output_cap``)
+SHORT = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "role": {"enum": ["admin", "editor", "viewer"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "role", "ok"],
+}
 BOUNDED = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 99}}, "required": ["n"]}
 PROMPTS = [
     "Describe a person as JSON:",
@@ -74,10 +85,13 @@ def runs():
         bounded = eng.generate("A number as JSON:", sampling_params={**GREEDY, "json_schema": json.dumps(BOUNDED)})
         record = eng.generate("A user record as JSON:", sampling_params=RECORD_PARAMS)
         syncs = eng.get_server_info()["live"]["near_end_syncs_total"]
+        before = eng.get_server_info()["live"]["continuous_decode_steps_total"]
+        short = eng.generate("A user as JSON:", sampling_params={**GREEDY, "json_schema": json.dumps(SHORT)})
+        short_steps = eng.get_server_info()["live"]["continuous_decode_steps_total"] - before
     with Engine(log_level="warning", grammar_backend="outlines", grammar_on_device="off") as eng:
         host = eng.generate(PROMPTS, sampling_params=PARAMS)
         host_record = eng.generate("A user record as JSON:", sampling_params=RECORD_PARAMS)
-    return device, steps, bounded, host, (record, syncs, host_record)
+    return device, steps, bounded, host, (record, syncs, host_record), (short, short_steps)
 
 
 def _check_valid(out: dict, params: dict) -> None:
@@ -89,7 +103,7 @@ def _check_valid(out: dict, params: dict) -> None:
 
 
 def test_constrained_rows_are_valid(runs):
-    device, _, bounded, host, _ = runs
+    device, _, bounded, host, _, _ = runs
     for outs in (device, host):
         for out, params in zip(outs, PARAMS):
             if "json_schema" in params or "regex" in params:
@@ -98,14 +112,14 @@ def test_constrained_rows_are_valid(runs):
 
 
 def test_greedy_tokens_equal_the_host_path_over_the_same_dfa(runs):
-    device, _, _, host, _ = runs
+    device, _, _, host, _, _ = runs
     for i, params in enumerate(PARAMS):
         if params["temperature"] == 0:
             assert device[i]["output_ids"] == host[i]["output_ids"], PROMPTS[i]
 
 
 def test_constrained_batches_ran_continuous_steps(runs):
-    device, steps, _, _, _ = runs
+    device, steps, _, _, _, _ = runs
     longest = max(o["meta_info"]["completion_tokens"] for o in device)
     # every row may decode ahead, so most steps run four to a launch
     assert steps >= 0.5 * (longest - 1)
@@ -118,3 +132,13 @@ def test_a_record_alone_is_read_at_once_near_its_end_and_keeps_its_tokens(runs):
     _check_valid(record, RECORD_PARAMS)
     assert record["output_ids"] == host_record["output_ids"]
     assert 1 <= syncs <= 3
+
+
+def test_no_launch_runs_past_the_most_tokens_a_bounded_grammar_allows(runs):
+    """A document bounded everywhere: once the host has seen where the row is, no step is launched
+    past the most tokens the grammar still allows, so less than one launch of 4 steps runs after
+    the stop (the overlap loop alone queues a whole launch behind it)."""
+    short, steps = runs[5]
+    _check_valid(short, {"json_schema": json.dumps(SHORT)})
+    decoded = short["meta_info"]["completion_tokens"] - 1  # the first token comes from the prefill
+    assert decoded <= steps < decoded + 4
