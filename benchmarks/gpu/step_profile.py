@@ -189,15 +189,17 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     which can take fewer tokens than the model would pick, so tokens/s alone would undersell it."""
     jumped, stale, passes = s.stats.jump_forward_tokens, s.stats.jump_stale_tokens, _extend_passes(s)
     skipped, syncs = _skipped_steps(s), _near_end_syncs(s)
+    clock = getattr(s, "_worker_clock", None)
+    worker_start = clock.seconds if clock is not None else 0.0
     for r in reqs:
         s.add_request(r)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     steps = 0
     while not all(r.finished for r in reqs):
         s.step()
         steps += 1
     s.drain()
-    total = time.perf_counter() - t0
+    total, host = time.perf_counter() - t0, time.thread_time() - c0
     tokens = sum(len(r.output_ids) for r in reqs)
     chars = sum(len(tokenizer.decode(r.output_ids)) for r in reqs)
     kinds = [r.finished_reason.kind for r in reqs if getattr(r, "finished_reason", None) is not None]
@@ -210,6 +212,9 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "skipped_steps": _skipped_steps(s) - skipped,  # early exit: forwards not run after every stop
         "near_end_syncs": _near_end_syncs(s) - syncs,  # batches processed at once near their end
         "tokens_per_step": tokens / max(steps, 1),
+        # CPU seconds of the scheduler thread (its own work, not its waits) and the forward's
+        "host_cpu_s": host,
+        "worker_cpu_s": clock.seconds - worker_start if clock is not None else None,
         "grammar_rejected": sum(kind == "abort" for kind in kinds),  # must be 0
         "finish_kinds": sorted(set(kinds)),
     }  # fmt: skip
