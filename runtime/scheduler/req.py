@@ -137,10 +137,16 @@ class Req:
 
     @property
     def remaining_new_tokens(self) -> int:
-        limit = self.params.max_new_tokens
+        return max(self.params.max_new_tokens - self.num_outputs_launched, 0)
+
+    @property
+    def steps_left_at_most(self) -> int:
+        """Decode steps after those launched by which the request has certainly ended: its
+        budget, or its grammar's ``output_cap`` when that comes first."""
+        left = self.remaining_new_tokens
         if self.output_cap is not None:
-            limit = min(limit, self.output_cap)
-        return max(limit - self.num_outputs_launched, 0)
+            left = min(left, max(self.output_cap - self.num_outputs_launched, 0))
+        return left
 
     @property
     def wants_token(self) -> bool:

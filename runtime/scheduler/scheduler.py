@@ -359,16 +359,21 @@ class Scheduler:
         (continuous decode, speculative windows), at most ``steps``; 0 when they may not: something
         waits to be admitted (it would wait the whole batch), a row needs the host between its
         tokens (``decodes_ahead``) or a grammar is still compiling. Never past any row's
-        ``max_new_tokens``."""
+        ``max_new_tokens``, nor past the step by which every row has certainly ended
+        (``Req.steps_left_at_most``)."""
         if not reqs or self.waiting or self.chunked is not None or self.jumped:
             return 0
         if self.grammar is not None and self.grammar.pending:
             return 0
+        last = 0  # steps by which every row has certainly ended
         for req in reqs:
             if not decodes_ahead(req):
                 return 0
             steps = min(steps, req.remaining_new_tokens)
-        return steps
+            last = max(last, req.steps_left_at_most)
+        # A grammar's bound ends the launch only where it ends the whole batch: cutting every
+        # row's launch for one row near its end would split a large batch into short launches.
+        return min(steps, last)
 
     def prompts_in_flight(self) -> list[Req]:
         """Requests whose prompt KV is still being computed, before this round's admissions: a

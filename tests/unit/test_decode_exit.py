@@ -293,12 +293,12 @@ def test_a_batch_that_may_end_is_processed_before_the_next_launch():
 
 
 def test_no_step_is_launched_past_the_most_tokens_a_grammar_allows():
-    """A grammar on the device that bounds the tokens left (``Scheduler._output_cap``) stops the
-    launches for a row at that bound, as ``max_new_tokens`` does: with an exact bound every decode
-    row computed is a token kept (10 and 12 after the first token from the prefill), where the
-    overlap loop alone computes whole launches behind each row's end."""
+    """A grammar on the device that bounds the tokens left (``Scheduler._output_cap``) ends the
+    batch's launches where its last row has certainly ended: with an exact bound the two rows
+    compute the 12 decode steps of the longer one (the shorter rides along, as a launch is not
+    cut for one row), where the overlap loop alone computes whole launches behind the end."""
     capped, out = _computed_steps(near_end_sync=False, bounded=True)
-    assert capped == (11 - 1) + (13 - 1)
+    assert capped == 2 * (13 - 1)
     assert _computed_steps(near_end_sync=False)[0] > capped + 8
 
 
@@ -341,3 +341,17 @@ def test_a_grammar_with_a_short_shortest_output_never_waits():
                         stop_checker=StopChecker(params, eos_token_ids={EOS})))  # fmt: skip
     h.run()
     assert h.outputs()["a"] == expected(10, 11) and h.s.stats.near_end_syncs == 0
+
+
+def test_an_output_cap_ends_a_rows_steps_as_max_new_tokens_does():
+    params = SamplingParams(max_new_tokens=50, temperature=0.0, json_schema="{}")
+    stop = StopChecker(params, eos_token_ids={EOS})
+    req = Req(rid="a", origin_input_ids=[1, 2, 3], params=params, stop_checker=stop)
+    req.output_ids = [5] * 10
+    assert req.steps_left_at_most == 40 and req.wants_token  # no cap: the budget
+    req.output_cap = 14
+    assert req.steps_left_at_most == 4 and req.remaining_new_tokens == 40
+    req.pending_outputs = 4  # a launch in flight reaches the cap: the row needs no further step
+    assert req.steps_left_at_most == 0 and not req.wants_token
+    req.output_cap = 60  # past the budget: the budget ends it
+    assert req.steps_left_at_most == 36
