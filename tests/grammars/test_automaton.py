@@ -291,9 +291,8 @@ def test_device_spelling_takes_the_tokenizers_own_encoding_of_forced_text(tokeni
     assert out == tokenizer.encode(text, add_special_tokens=False)  # the canonical spelling
 
 
-def _steps_to_stop_by_hand(auto) -> list[int]:
-    """From each state on its own, a forward breadth-first walk to the first state that allows a
-    stop token (the stop token counts as one step)."""
+def _state_graph(auto) -> tuple[dict[int, set[int]], set[int]]:
+    """Each state's successor states, and the states that allow a stop token."""
     edges: dict[int, set[int]] = {}
     stops = set()
     for key, target in zip(auto.keys.tolist(), auto.targets.tolist()):
@@ -302,6 +301,13 @@ def _steps_to_stop_by_hand(auto) -> list[int]:
             stops.add(src)
         else:
             edges.setdefault(src, set()).add(target)
+    return edges, stops
+
+
+def _steps_to_stop_by_hand(auto) -> list[int]:
+    """From each state on its own, a forward breadth-first walk to the first state that allows a
+    stop token (the stop token counts as one step)."""
+    edges, stops = _state_graph(auto)
     out = []
     for start in range(auto.num_states):
         seen, frontier, steps = {start}, [start], 1
@@ -326,14 +332,7 @@ def test_steps_to_stop_is_the_shortest_way_to_the_end(backend, name):
 def _longest_to_stop_by_hand(auto) -> list[int]:
     """From each state, a depth-first walk over every way on: the most steps to a stop token (the
     stop counts as one), or -1 where a walk comes back to a state it is on (a loop)."""
-    edges: dict[int, set[int]] = {}
-    stops = set()
-    for key, target in zip(auto.keys.tolist(), auto.targets.tolist()):
-        src = key // auto.vocab_size
-        if target < 0:
-            stops.add(src)
-        else:
-            edges.setdefault(src, set()).add(target)
+    edges, stops = _state_graph(auto)
     memo: dict[int, int] = {}
 
     def longest(s: int, path: frozenset[int]) -> int:
