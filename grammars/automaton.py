@@ -37,7 +37,7 @@ from .base import GrammarError
 
 FREE = 0  # the state of an unconstrained row: all tokens allowed, self loop
 UNREACHABLE = np.iinfo(np.int32).max  # steps_to_stop of a state with no path to a stop
-UNBOUNDED = np.iinfo(np.int32).max  # longest_to_stop of a state from which a loop is reachable
+UNBOUNDED = UNREACHABLE  # longest_to_stop of a state from which a loop is reachable (same sentinel)
 MAX_STATES = 4096  # states of one automaton; a larger DFA stays on the host path
 MAX_TRANSITIONS = 8_000_000  # transitions of one automaton (12 bytes each on the device)
 

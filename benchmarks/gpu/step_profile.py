@@ -413,7 +413,8 @@ def main() -> None:
     p.add_argument("--no-sync-near-end", action="store_true",
                    help="keep batches whose rows may all end in flight (SchedulerConfig.sync_near_end)")
     p.add_argument("--no-grammar-cap", action="store_true",
-                   help="launch steps past the most tokens a grammar allows (SchedulerConfig.cap_at_grammar_end)")
+                   help="launch steps past the most tokens a grammar allows "
+                        "(SchedulerConfig.cap_at_grammar_end)")
     p.add_argument("--no-draft-ahead", action="store_true", help="EAGLE: draft each step's trees on demand")
     p.add_argument("--json-schema", action="store_true", help="same as --grammar json-schema")
     p.add_argument("--grammar", default="none", choices=[*GRAMMARS, "mixed"],

@@ -22,6 +22,7 @@ import time
 from typing import Any
 
 import torch
+from phloem.grammars.automaton import UNBOUNDED  # light: numpy arrays, no grammar library
 from phloem.runtime.sampling.params import PREFIX as SAMPLING_PREFIX
 from phloem.runtime.sampling.stop import FinishReason
 from phloem.runtime.scheduler.policy import needs_host_mask
@@ -207,25 +208,14 @@ class GrammarQueue:
     def tokens_to_end(self, req: Req) -> int | None:
         """The fewest tokens the request generates after those the host has seen, its stop token
         included, under a grammar on the device (``TokenAutomaton.steps_to_stop``); None when
-        that is not known (no grammar, or one on the host path)."""
-        if req.automaton is None or req.grammar is None:
-            return None
-        state = req.grammar.automaton_state()
-        return 0 if state < 0 else int(req.automaton.automaton.steps_to_stop[state])
+        that is not known (no grammar, one on the host path, or no way to the end)."""
+        return _from_host_state(req, "steps_to_stop")
 
     def tokens_left_at_most(self, req: Req) -> int | None:
         """The most tokens the request generates after those the host has seen, its stop token
         included, under a grammar on the device (``TokenAutomaton.longest_to_stop``); None when
         unbounded (a loop ahead) or not known."""
-        if req.automaton is None or req.grammar is None:
-            return None
-        state = req.grammar.automaton_state()
-        if state < 0:
-            return 0
-        from phloem.grammars.automaton import UNBOUNDED
-
-        left = int(req.automaton.automaton.longest_to_stop[state])
-        return None if left == UNBOUNDED else left
+        return _from_host_state(req, "longest_to_stop")
 
     def shortest_output(self, req: Req) -> int | None:
         """The fewest tokens the request's grammar accepts, its stop token included, under a grammar
@@ -246,6 +236,19 @@ class GrammarQueue:
         for i in rows:
             reqs[i].grammar.fill_next_token_bitmask(mask, i)
         return mask
+
+
+def _from_host_state(req: Req, bounds: str) -> int | None:
+    """One of the request's automaton bounds per state (a ``TokenAutomaton`` array named
+    ``bounds``) at the state the host has seen: 0 once the grammar ended, None without a grammar
+    on the device or where the bound is the sentinel (``UNBOUNDED``, which is ``UNREACHABLE``)."""
+    if req.automaton is None or req.grammar is None:
+        return None
+    state = req.grammar.automaton_state()
+    if state < 0:
+        return 0
+    value = int(getattr(req.automaton.automaton, bounds)[state])
+    return None if value == UNBOUNDED else value
 
 
 def _failed(e: Exception) -> Any:
