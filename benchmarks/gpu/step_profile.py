@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import cProfile
 import dataclasses
+import faulthandler
+import gc
 import gzip
 import io
 import json
@@ -73,7 +75,56 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         sched.spec.draft_ahead = False  # A/B of drafting the next trees right after the catch-up
     if hasattr(sched.worker, "_thread"):  # the overlap loop's forward thread
         sched._worker_clock = WorkerClock(sched.worker)
+    if not args.no_gc_freeze:  # as the scheduler's process does after start-up
+        from phloem.runtime.scheduler.process import freeze_startup_heap
+
+        freeze_startup_heap()
     return sched, runtime
+
+
+class GcPauses:
+    """The cyclic collector's pauses inside a window (``gc.callbacks``), from either thread: a full
+    collection stalls every running row for its whole length."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[int, float]] = []
+        self._started: list[float] = []
+        gc.callbacks.append(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started.append(time.perf_counter())
+        elif self._started:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started.pop()))
+
+    def since(self, mark: int) -> dict[str, Any]:
+        window = self.pauses[mark:]
+        return {
+            "gc_pause_ms_max": round(1e3 * max((sec for _, sec in window), default=0.0), 2),
+            "gc_full_collections": sum(gen == 2 for gen, _ in window),
+            "gc_pause_ms_total": round(1e3 * sum(sec for _, sec in window), 2),
+        }
+
+
+GC = GcPauses()
+
+
+class StallDump:
+    """With ``--stall-dump MS``: every thread's Python stack, written to a file when one step runs
+    past MS milliseconds (``faulthandler``), to name what a rare long step was doing."""
+
+    file: Any = None
+    seconds = 0.0
+
+    @classmethod
+    def arm(cls) -> None:
+        if cls.file is not None:
+            faulthandler.dump_traceback_later(cls.seconds, file=cls.file)
+
+    @classmethod
+    def disarm(cls) -> None:
+        if cls.file is not None:
+            faulthandler.cancel_dump_traceback_later()
 
 
 # A schema whose strings never force an end: the constrained rows run their full length.
@@ -191,12 +242,15 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     skipped, syncs = _skipped_steps(s), _near_end_syncs(s)
     clock = getattr(s, "_worker_clock", None)
     worker_start = clock.seconds if clock is not None else 0.0
+    gc_mark = len(GC.pauses)
     for r in reqs:
         s.add_request(r)
     t0, c0 = time.perf_counter(), time.thread_time()
     steps = 0
     while not all(r.finished for r in reqs):
+        StallDump.arm()
         s.step()
+        StallDump.disarm()
         steps += 1
     s.drain()
     total, host = time.perf_counter() - t0, time.thread_time() - c0
@@ -217,6 +271,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "worker_cpu_s": clock.seconds - worker_start if clock is not None else None,
         "grammar_rejected": sum(kind == "abort" for kind in kinds),  # must be 0
         "finish_kinds": sorted(set(kinds)),
+        **GC.since(gc_mark),
     }  # fmt: skip
 
 
@@ -275,10 +330,13 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
     worker_start = clock.seconds if clock is not None else 0.0
     start_tokens = done = sum(len(r.output_ids) for r in reqs)
     skipped, syncs = _skipped_steps(s), _near_end_syncs(s)
+    gc_mark = len(GC.pauses)
     t0 = time.perf_counter()
     while not all(r.finished for r in reqs):
         w, c = time.perf_counter(), time.thread_time()
+        StallDump.arm()
         s.step()
+        StallDump.disarm()
         cpus.append(time.thread_time() - c)
         walls.append(time.perf_counter() - w)
         now = sum(len(r.output_ids) for r in reqs)  # outside the timed step
@@ -314,6 +372,7 @@ def drive(s: Any, reqs: list[Any], hook: Any = None) -> dict[str, Any]:
         # per decode step, comparable across launch shapes (a launch of K steps counts K times)
         "decode_step_ms_median": 1e3 * per_token[len(per_token) // 2] if per_token else None,
         "step_wall_ms": in_order,
+        **GC.since(gc_mark),
     }
 
 
@@ -326,7 +385,8 @@ def merged(windows: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(windows[0])
     seconds = sum(w["seconds"] for w in windows)
     for key in ("seconds", "decode_tokens", "steps", "chars", "skipped_steps", "jump_forward_tokens",
-                "jump_stale_tokens", "extend_graph_passes", "grammar_rejected", "near_end_syncs"):  # fmt: skip
+                "jump_stale_tokens", "extend_graph_passes", "grammar_rejected", "near_end_syncs",
+                "gc_full_collections", "gc_pause_ms_total"):  # fmt: skip
         if key in out:
             out[key] = sum(w[key] for w in windows)
     out["tok_s"] = out["decode_tokens"] / seconds
@@ -335,6 +395,8 @@ def merged(windows: list[dict[str, Any]]) -> dict[str, Any]:
         out["chars_per_s"] = out["chars"] / seconds
         out["requests_per_s"] = sum(w["requests_per_s"] * w["seconds"] for w in windows) / seconds
     out["repeat_tok_s"] = [round(w["tok_s"], 1) for w in windows]
+    if "gc_pause_ms_max" in out:
+        out["gc_pause_ms_max"] = max(w["gc_pause_ms_max"] for w in windows)
     return out
 
 
@@ -404,6 +466,10 @@ def main() -> None:
     p.add_argument("--cpu-overlap", action="store_true", help="the overlap loop on the CPU too (off there by default)")
     p.add_argument("--decode-steps", type=int, default=0, help="--num-continuous-decode-steps (0: auto)")
     p.add_argument("--no-cuda-graph", action="store_true")
+    p.add_argument("--stall-dump", type=float, default=0.0, metavar="MS",
+                   help="write every thread's stack to OUT.stalls.txt when a step runs past MS ms")
+    p.add_argument("--no-gc-freeze", action="store_true",
+                   help="leave the start-up heap in the cyclic collector's reach (the server freezes it)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")
     p.add_argument("--spec", default=None, choices=[None, "EAGLE", "NGRAM"])
     p.add_argument("--head", default=None)
@@ -467,6 +533,9 @@ def main() -> None:
     # (EAGLE's draft graphs, per batch and key width) fall outside it
     window(reqs_for("warm"))
     s.flush_cache()  # the timed prompts prefill again (a cached prompt would start EAGLE's draft late)
+    if args.stall_dump > 0:  # timed windows only: the warm-up compiles
+        StallDump.file = open(os.path.splitext(args.out)[0] + ".stalls.txt", "w")  # noqa: SIM115 (process-long)
+        StallDump.seconds = args.stall_dump / 1e3
 
     graphs = _captures(s)
     timed = [reqs_for(f"t{i}") for i in range(args.repeats)]

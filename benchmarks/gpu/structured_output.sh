@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Structured output against unconstrained decoding on the H200: the structured rows of the
+# Structured output against unconstrained decoding on a GPU: the structured rows of the
 # current-figures table in docs/benchmarks.md (benchmarks/results/h200/structured_output.json).
 #
 #     benchmarks/gpu/structured_output.sh OUTDIR [RUN ...]
@@ -51,6 +51,9 @@ for path in sorted(glob.glob(os.path.join(out, "*_*_*.json"))):
             "jump_forward_tokens": t["jump_forward_tokens"]} if "requests_per_s" in t else {}),
     })
     print(f"{rows[-1]['run']:40s} {rows[-1]['tok_s']:>10} vs {rows[-1]['free_tok_s']:>10}  ratio {rows[-1]['ratio_to_free']}")
-json.dump({"git_commit": commit, "date": datetime.date.today().isoformat(), "device": "H200", "runs": rows},
+import torch
+
+device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+json.dump({"git_commit": commit, "date": datetime.date.today().isoformat(), "device": device, "runs": rows},
           open(os.path.join(out, "structured_output.json"), "w"), indent=1)
 PY
