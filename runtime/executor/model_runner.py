@@ -221,6 +221,14 @@ class ModelRunner:
                 self, width=extend_graph_tokens, max_bs=min(EXTEND_GRAPH_MAX_BS, self.max_running_requests)
             )
             self.extend_graphs.capture()
+        if self.device.type == "cuda":
+            from phloem.runtime.sampling.sampler import warm_up_kernels
+
+            t = time.perf_counter()
+            launches = warm_up_kernels(self.vocab_size, self.device)
+            if launches:
+                logger.info("sampling kernels compiled for every batch size: %d launches in %.2f s",
+                            launches, time.perf_counter() - t)  # fmt: skip
         logger.info(
             "model runner ready in %.1f s: model=%s (%s) dtype=%s kv_dtype=%s device=%s attention=%s "
             "max_total_num_tokens=%d max_running_requests=%d context_len=%d deterministic=%s "

@@ -2,9 +2,10 @@
 
 ``torch.argmax`` over one row of a vocabulary reduces it in a single thread block, so at small
 batches it can take longer than the LM head before it. Here ``S`` programs per row each reduce one
-chunk, and a second launch picks the best chunk. The chunk count is a run-time argument and the
-second kernel's block its next power of two, so serving batches of every size compiles each
-kernel a handful of times at most (a compile mid-run stalls a step)::
+chunk, and a second launch picks the best chunk. The chunk count is a run-time argument that
+Triton does not specialize on, and the second kernel's block is its next power of two, so the
+launch plans of every batch size need a handful of compiles, all made at start-up by
+:func:`warm_up` (a compile mid-run would stall a step for a tenth of a second or more)::
 
     part[b, s] = (max, first index of the max) over logits[b, s * C : (s + 1) * C]
     out[b] = index of the first chunk holding the row's max
@@ -20,14 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["argmax_rows", "launch_plan", "num_chunks"]
+__all__ = ["argmax_rows", "launch_plan", "num_chunks", "plan_rows", "warm_up"]
 
 _BLOCK = 1024
 _TARGET_PROGRAMS = 264  # two waves of a 132-SM GPU (Hopper's count), enough to fill smaller ones
 _MAX_CHUNKS = 64
 
 
-@triton.jit
+# ``num_chunks`` unspecialized: its divisibility changes with the batch size, and each new value
+# class would compile the kernel again in the middle of serving
+@triton.jit(do_not_specialize=["num_chunks"])
 def _chunk_argmax_kernel(
     x_ptr, val_ptr, idx_ptr, V, stride_xb, CHUNK, num_chunks,
     BLOCK: tl.constexpr,
@@ -51,7 +54,7 @@ def _chunk_argmax_kernel(
     tl.store(idx_ptr + b * num_chunks + s, best_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks"])
 def _pick_chunk_kernel(val_ptr, idx_ptr, out_ptr, num_chunks, BLOCK_S: tl.constexpr):
     # grid: (rows,)
     b = tl.program_id(0)
@@ -79,6 +82,25 @@ def launch_plan(rows: int, vocab: int) -> tuple[int, int, int]:
     chunk = triton.cdiv(triton.cdiv(vocab, s), _BLOCK) * _BLOCK
     s = triton.cdiv(vocab, chunk)  # no empty chunk
     return chunk, s, max(2, triton.next_power_of_2(s))
+
+
+def plan_rows(vocab: int) -> list[int]:
+    """The smallest row count of each launch plan's compiled variant (its second kernel's block,
+    the only compile-time value that depends on the batch): every batch size compiles nothing
+    new after these. Past ``_TARGET_PROGRAMS`` rows the plan no longer changes."""
+    first: dict[int, int] = {}
+    for rows in range(1, _TARGET_PROGRAMS + 1):
+        first.setdefault(launch_plan(rows, vocab)[2], rows)
+    return sorted(first.values())
+
+
+def warm_up(vocab: int, device: torch.device | str) -> int:
+    """Compile :func:`argmax_rows` for every batch size of a ``vocab``-wide float32 logits row
+    (one call per :func:`plan_rows`), at start-up rather than mid-run. Returns the calls made."""
+    rows = plan_rows(vocab)
+    for n in rows:
+        argmax_rows(torch.zeros((n, vocab), dtype=torch.float32, device=device))
+    return len(rows)
 
 
 def argmax_rows(x: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,8 @@ pass. Here, with ``state = state_buf[rows[b]]`` and ``W`` words per mask row::
                  i = first index with keys[i] >= state * V + token      (binary search; FREE stays)
 
 The chunking is the greedy argmax's (``argmax_triton.launch_plan``); ties go to the lowest index.
+As there, nothing that changes with the batch or the grammar (chunk count, key count, search
+depth) is specialized on, and :func:`warm_up` compiles every launch plan at start-up.
 The oracle is the torch path (``grammars.automaton`` masks and ``advance`` with ``argmax``), in
 ``tests/kernels/automaton_cases.py``.
 """
@@ -21,12 +23,12 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from phloem.runtime.sampling.argmax_triton import _BLOCK, launch_plan
+from phloem.runtime.sampling.argmax_triton import _BLOCK, launch_plan, plan_rows
 
-__all__ = ["automaton_greedy"]
+__all__ = ["automaton_greedy", "warm_up"]
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["W", "num_chunks"])  # W: the grammar side's vocabulary may differ
 def _masked_chunk_argmax_kernel(
     x_ptr, val_ptr, idx_ptr, state_ptr, rows_ptr, mask_ptr, V, W, stride_xb, CHUNK, num_chunks,
     BLOCK: tl.constexpr,
@@ -55,7 +57,7 @@ def _masked_chunk_argmax_kernel(
     tl.store(idx_ptr + b * num_chunks + s, best_i)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_chunks", "num_keys", "search_steps"])
 def _pick_and_advance_kernel(
     val_ptr, idx_ptr, out_ptr, state_ptr, rows_ptr, keys_ptr, targets_ptr, V, num_chunks, num_keys,
     search_steps, BLOCK_S: tl.constexpr,
@@ -119,3 +121,19 @@ def automaton_greedy(
         BLOCK_S=block_s, num_warps=1,
     )  # fmt: skip
     return out
+
+
+def warm_up(vocab: int, device: torch.device | str) -> int:
+    """Compile :func:`automaton_greedy` for every batch size of ``vocab``-wide float32 logits (one
+    call per ``plan_rows``), over a one-state automaton that allows every token, at start-up
+    rather than mid-run. Returns the calls made."""
+    words = triton.cdiv(vocab, 32)
+    masks = torch.full((1, words), -1, dtype=torch.int32, device=device)
+    keys = torch.full((1,), 2**62, dtype=torch.int64, device=device)  # the sentinel alone
+    targets = torch.zeros(1, dtype=torch.int32, device=device)
+    rows = plan_rows(vocab)
+    for n in rows:
+        state = torch.zeros(n, dtype=torch.int32, device=device)
+        automaton_greedy(torch.zeros((n, vocab), dtype=torch.float32, device=device), state,
+                         torch.arange(n, device=device), masks, keys, targets)  # fmt: skip
+    return len(rows)

@@ -163,6 +163,18 @@ def greedy_tokens(x: torch.Tensor, *, min_vocab: int = TRITON_ARGMAX_MIN_VOCAB) 
     return x.argmax(dim=-1)
 
 
+def warm_up_kernels(vocab: int, device: torch.device) -> int:
+    """Compile the Triton greedy kernels (:func:`greedy_tokens`, :func:`automaton_greedy_tokens`)
+    for every batch size of ``vocab``-wide logits before serving: their launch plan changes with
+    the batch, and a compile in the middle of a run stalls every running request. Returns the
+    launches made (0 where the fused kernels are off)."""
+    if not use_fused(torch.empty(0, device=device)):
+        return 0
+    from phloem.runtime.sampling import argmax_triton, automaton_triton
+
+    return argmax_triton.warm_up(vocab, device) + automaton_triton.warm_up(vocab, device)
+
+
 def plain_greedy(info: SamplingInfo) -> bool:
     """Whether every row's token is the argmax of its raw logits: all rows greedy and nothing of
     :func:`process_logits` applies (no mask, ban, bias or counted penalty)."""
