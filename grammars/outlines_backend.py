@@ -38,6 +38,7 @@ class _OutlinesGrammar:
     automaton: TokenAutomaton | None = None  # the same DFA as device tables, when asked for
     # state -> (the common byte prefix of its allowed tokens, a token spelling exactly that prefix)
     prefixes: dict[int, tuple[bytes, int | None]] = field(default_factory=dict)
+    forced: dict[int, bytes] = field(default_factory=dict)  # state -> its forced text
 
     def mask(self, state: int) -> np.ndarray:
         """The int32 mask row of a DFA state (cached)."""
@@ -82,7 +83,14 @@ class _OutlinesGrammar:
 
     def forced_bytes(self, state: int) -> bytes:
         """The text ``state`` forces: the common prefix of every allowed token, extended while
-        that prefix is itself a token (empty in a final state, where the output may end)."""
+        that prefix is itself a token (empty in a final state, where the output may end). Cached
+        per state: under jump-forward it is asked after every launch, for every row."""
+        found = self.forced.get(state)
+        if found is None:
+            found = self.forced[state] = self._forced_bytes(state)
+        return found
+
+    def _forced_bytes(self, state: int) -> bytes:
         forced = b""
         for _ in range(_MAX_JUMP_STEPS):
             if state == _TERMINATED or self.index.is_final_state(state):

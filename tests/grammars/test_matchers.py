@@ -194,3 +194,16 @@ def test_unsupported_kinds_raise_grammar_error(backends):
     for kind in ("ebnf", "structural_tag"):
         with pytest.raises(GrammarError, match="does not support"):
             outlines.compile(_spec(kind, 'root ::= "a"'))
+
+
+def test_outlines_forced_text_is_computed_once_per_state(backends, tokenizer, monkeypatch):
+    """Jump-forward asks each row's forced text after every launch: the DFA never changes, so the
+    answer is kept per state and a second matcher in the same state reuses it."""
+    compiled = backends["outlines"].compile(_spec("regex", r"\{\"name\": \"[a-z]+\"\}"))
+    dfa = type(compiled.handle)
+    calls = []
+    real = dfa._forced_bytes
+    monkeypatch.setattr(dfa, "_forced_bytes", lambda self, s: calls.append(s) or real(self, s))
+    first, second = (backends["outlines"].new_matcher(compiled) for _ in range(2))
+    assert first.find_jump_forward_string() == second.find_jump_forward_string() == '{"name": "'
+    assert len(calls) == 1
