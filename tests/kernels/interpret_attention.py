@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -32,12 +33,14 @@ from tests.kernels.attention_cases import (  # noqa: E402
     compare_with_ref,
     make_batch,
 )
+from tests.kernels.interpreter import shard_of  # noqa: E402
 
 # decode contexts (before the new token) putting it alone, last in a 64-key block, first in one
 DECODE_EDGES = [0, 63, 17, 64, 90]
 
 
-def main(fp8: bool = False) -> int:
+def main(fp8: bool = False, mine: Callable[[], bool] = lambda: True) -> int:
+    """Every case in a fixed order; ``mine()`` says whether this process runs the next one."""
     failures = 0
     fp8_pools = {f"fp8_{k}": (torch.float8_e4m3fn, s) for k, s in INTERPRETED_FP8_SCALES.items()}
     pools = fp8_pools if fp8 else {"": (None, None)}
@@ -51,6 +54,8 @@ def main(fp8: bool = False) -> int:
                     # read from k, v (``triton_extend_contig``)
                     contig = mode == ForwardMode.EXTEND and dtype_name == "fp16" and kv_dtype is None
                     for kernel in ("pool", "contiguous") if contig else ("pool",):
+                        if not mine():
+                            continue
                         label = kernel if mode == ForwardMode.EXTEND else ""
                         name = " ".join(
                             x for x in (batch_name, heads_name, dtype_name, pool_name, label) if x
@@ -70,6 +75,8 @@ def main(fp8: bool = False) -> int:
         for heads_name, heads in SMALL_HEADS.items():
             # the default tiles, the wide ones of prefix-heavy passes, a prefix tile below the new keys'
             for tiles in INTERPRETED_VIEW_TILES:
+                if not mine():
+                    continue
                 name = f"contiguous extend on qkv views {heads_name} tiles {tiles or 'default'}"
                 try:
                     err = check_contiguous_extend_on_views(heads, device="cpu", seed=11, tiles=tiles)
@@ -80,6 +87,8 @@ def main(fp8: bool = False) -> int:
         # the step's token rotated and stored by the decode kernel, new keys at block edges
         for heads_name, heads in SMALL_HEADS.items():
             for dtype_name, norm in INTERPRETED_NEW_KV:
+                if not mine():
+                    continue
                 name = f"decode new kv {heads_name} {dtype_name}{' qk_norm' if norm else ''}"
                 try:
                     err = check_decode_new_kv(
@@ -93,4 +102,4 @@ def main(fp8: bool = False) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(fp8="--fp8" in sys.argv[1:]))
+    sys.exit(main(fp8="--fp8" in sys.argv[1:], mine=shard_of(sys.argv[1:])))

@@ -12,26 +12,56 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
+_ENV = {"TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
 def run_interpreted(module: str, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     """``python -m module *args`` with ``TRITON_INTERPRET=1`` and no visible GPU, from the repository root."""
-    env = {**os.environ, "TRITON_INTERPRET": "1", "CUDA_VISIBLE_DEVICES": ""}
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=ROOT,
-        env=env,
+        env={**os.environ, **_ENV},
         capture_output=True,
         text=True,
         timeout=timeout,
     )
 
 
-def assert_interpreted_cases_pass(module: str, expected: int, *args: str) -> None:
+def assert_interpreted_cases_pass(module: str, expected: int, *args: str, shards: int = 1) -> None:
     """Run a case module under the interpreter (:func:`run_interpreted`): it must exit 0 and print
-    exactly ``expected`` ``ok`` lines (so a case that silently stopped running fails too)."""
-    proc = run_interpreted(module, *args)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    passed = sum(line.startswith("ok") for line in proc.stdout.splitlines())
-    assert passed == expected, proc.stdout
+    exactly ``expected`` ``ok`` lines (so a case that silently stopped running fails too).
+
+    ``shards`` > 1 runs that many children at once, each with ``--shard K/N`` (the module keeps
+    every N-th case, :func:`shard_of`) and one thread: the interpreter is single-threaded Python,
+    so the cases of a long module finish in about 1/N of the time on N cores."""
+    if shards == 1:
+        procs = [run_interpreted(module, *args)]
+    else:
+        env = {**os.environ, **_ENV, "OMP_NUM_THREADS": "1"}
+        children = [
+            subprocess.Popen([sys.executable, "-m", module, *args, "--shard", f"{k}/{shards}"], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            for k in range(shards)
+        ]
+        procs = []
+        for child in children:
+            out, err = child.communicate(timeout=300)
+            procs.append(subprocess.CompletedProcess(child.args, child.returncode, out, err))
+    for proc in procs:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    passed = sum(line.startswith("ok") for proc in procs for line in proc.stdout.splitlines())
+    assert passed == expected, "".join(proc.stdout for proc in procs)
+
+
+def shard_of(argv: list[str]) -> Callable[[], bool]:
+    """From ``--shard K/N`` in ``argv``: a function called once per case, in the same order in
+    every shard, that says whether this shard runs it (cases K, K + N, ...). Without the
+    option every case runs."""
+    if "--shard" not in argv:
+        return lambda: True
+    k, n = map(int, argv[argv.index("--shard") + 1].split("/"))
+    seen = iter(range(1 << 30))
+    return lambda: next(seen) % n == k
 
 
 def run_checks(checks: Iterable[tuple[str, Callable[[], object]]]) -> int:

@@ -35,7 +35,7 @@ needs_cuda = pytest.mark.skipif(
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled tests below run instead")
 def test_triton_fp8_kernels_under_interpreter() -> None:
-    assert_interpreted_cases_pass("tests.kernels.interpret_attention", interpreted_cases(True), "--fp8")
+    assert_interpreted_cases_pass("tests.kernels.interpret_attention", interpreted_cases(True), "--fp8", shards=2)
 
 
 @pytest.mark.gpu
