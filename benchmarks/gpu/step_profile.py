@@ -66,7 +66,12 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
         )
     if args.head:
         kw["speculative_draft_model_path"] = args.head
-    sched, runtime = build_scheduler(EngineArgs(**kw), send=lambda m: None)
+    engine_args = EngineArgs(**kw)
+    sched, runtime = build_scheduler(engine_args, send=lambda m: None)
+    if not args.no_server_warmup:  # the warm-up a server runs before Ready (CUDA only)
+        from phloem.runtime.scheduler.warmup import warm_up_scheduler
+
+        warm_up_scheduler(engine_args, sched, runtime)
     if args.no_sync_near_end:  # A/B of processing at once a batch whose rows may all end
         sched.cfg = dataclasses.replace(sched.cfg, sync_near_end=False)
     if args.no_grammar_cap:  # A/B of launching no step past a grammar's longest way to its end
@@ -467,7 +472,10 @@ def main() -> None:
     p.add_argument("--decode-steps", type=int, default=0, help="--num-continuous-decode-steps (0: auto)")
     p.add_argument("--no-cuda-graph", action="store_true")
     p.add_argument("--stall-dump", type=float, default=0.0, metavar="MS",
-                   help="write every thread's stack to OUT.stalls.txt when a step runs past MS ms")
+                   help="write every thread's stack to OUT.stalls.txt when a step runs past MS ms "
+                   "(faulthandler reads the other threads' frames unsafely: it can crash the run)")
+    p.add_argument("--no-server-warmup", action="store_true",
+                   help="skip the synthetic requests a server runs before Ready (kernel compiles then land in windows)")
     p.add_argument("--no-gc-freeze", action="store_true",
                    help="leave the start-up heap in the cyclic collector's reach (the server freezes it)")
     p.add_argument("--kv-cache-dtype", default="auto", help="auto | fp8_e4m3")

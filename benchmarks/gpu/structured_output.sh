@@ -8,9 +8,9 @@
 # separated: off = --grammar-on-device off, jf = --jump-forward, req = --window request, which
 # times whole requests and is how jump-forward is compared, keys:req against keys:jf,req). Every run
 # times its constrained window and then the same requests without a grammar at the constrained
-# outputs' lengths (--vs-free). Without runs, the table's matrix. Writes OUTDIR/<run>.json and .log, and
-# OUTDIR/structured_output.json with every run's figures. Set GIT_COMMIT where the tree was
-# copied without its history.
+# outputs' lengths (--vs-free), each over REPEATS windows (default 3). Without runs, the table's
+# matrix. Writes OUTDIR/<run>.json and .log, and OUTDIR/structured_output.json with every run's
+# figures. Set GIT_COMMIT where the tree was copied without its history.
 set -u
 out=${1:?usage: structured_output.sh OUTDIR [RUN ...]}
 shift
@@ -18,7 +18,7 @@ mkdir -p "$out"
 [ -n "${PHLOEM_SETUP_DONE:-}" ] || source benchmarks/gpu/setup_h200.sh install > /dev/null
 commit=${GIT_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 step="python3 benchmarks/gpu/step_profile.py --load-format dummy --tokenizer-path ${TOKENIZER:-.gputok}
- --no-torch-profile --input-len 128 --max-new-tokens 128 --vs-free"
+ --no-torch-profile --input-len 128 --max-new-tokens 128 --vs-free --repeats ${REPEATS:-3}"
 runs=${*:-"smollm2-135m:1:record smollm2-135m:1:regex smollm2-135m:1:record:off smollm2-135m:32:record
  smollm2-135m:32:regex smollm2-135m:32:mixed smollm2-135m:32:record:off smollm2-135m:128:record
  smollm2-135m:128:regex smollm2-135m:128:mixed smollm2-135m:1:keys:req smollm2-135m:1:keys:jf,req
