@@ -65,11 +65,14 @@ def shard_of(argv: list[str]) -> Callable[[], bool]:
 
 
 def run_checks(checks: Iterable[tuple[str, Callable[[], object]]]) -> int:
-    """Run each ``(name, check)``; print ``ok   name [result]`` or ``FAIL name: error`` per check
-    (the interpreter tests count the ``ok`` lines) and return the number of failures. A float
-    result is printed as the check's relative error."""
+    """Run each ``(name, check)`` of this shard (every one without ``--shard``); print ``ok   name
+    [result]`` or ``FAIL name: error`` per check (the interpreter tests count the ``ok`` lines)
+    and return the number of failures. A float result is printed as the check's relative error."""
     failures = 0
+    mine = shard_of(sys.argv[1:])
     for name, check in checks:
+        if not mine():
+            continue
         try:
             result = check()
         except AssertionError as exc:

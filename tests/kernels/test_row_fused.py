@@ -65,7 +65,9 @@ def test_norm_linear_rejects_bad_calls_cuda() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA present: the compiled kernel is tested instead")
 def test_norm_linear_under_interpreter() -> None:
     assert_interpreted_cases_pass(
-        "tests.kernels.row_fused_cases", len(SMALL_SHAPES) * len(VARIANTS) * len(SMALL_ROWS) * len(DTYPES) + 1
+        "tests.kernels.row_fused_cases",
+        len(SMALL_SHAPES) * len(VARIANTS) * len(SMALL_ROWS) * len(DTYPES) + 1,
+        shards=2,
     )
 
 
