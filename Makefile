@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 ARGS   ?=
 
-.PHONY: run test setup setup-test lint typecheck clean
+.PHONY: run test setup setup-test prebuild lint typecheck clean
 
 $(VENV)/.installed: pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,13 @@ run: setup
 	$(VENV)/bin/phloem serve $(ARGS)
 
 # The whole test suite (lint and type check first)
-test: setup-test lint typecheck
+test: $(VENV)/.installed prebuild setup-test lint typecheck
 	$(PY) -m pytest -q -m "not gpu" --durations=15 $(ARGS)
+
+# The CPU C++ kernels compiled in the background, one process each, while the test extras install
+# and lint and type check run (built on first use otherwise: about half a minute apiece, in turn)
+prebuild: $(VENV)/.installed
+	$(PY) -m phloem.runtime.layers.cpu_build > /dev/null 2>&1 &
 
 lint: setup-test
 	$(VENV)/bin/ruff check phloem lang runtime grammars training benchmarks tests

@@ -1,16 +1,26 @@
 """Builds the CPU C++ kernels of this package on first use (``torch.utils.cpp_extension``; torch
-caches the build on disk), once per process, and reports ``None`` where they cannot be built."""
+caches the build on disk), once per process, and reports ``None`` where they cannot be built.
+
+``python -m phloem.runtime.layers.cpu_build`` builds every extension this CPU can run, all at
+once: a fresh checkout's first users (a test run, a server) then load them instead of compiling
+each in turn (about half a minute apiece). Concurrent builds of one extension are safe: torch
+holds a lock file in its build folder while it builds.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
 import re
+import subprocess
+import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["build_extension"]
+__all__ = ["build_all", "build_extension"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,3 +60,31 @@ def _digest(path: str, seen: set[str] | None = None) -> str:
         if dep not in seen and os.path.exists(dep):
             h.update(_digest(dep, seen).encode())
     return h.hexdigest()
+
+
+def _jobs() -> dict[str, Callable[[], Any]]:
+    """Every extension this CPU can run: name -> what builds (and loads) it."""
+    from phloem.runtime.layers import cpu_ops, qdot, quant
+
+    jobs: dict[str, Callable[[], Any]] = {
+        f"qdot_{isa}": functools.partial(qdot.build_kernels, isa) for isa in qdot.supported_isas()
+    }
+    jobs["cpu_decode"] = cpu_ops.cpu_kernels
+    jobs["quant"] = quant.kernels_available
+    return jobs
+
+
+def build_all() -> dict[str, bool]:
+    """Build every extension this CPU can run, one process each, all at once (torch builds one
+    extension at a time within a process); name -> whether it built."""
+    procs = {
+        name: subprocess.Popen([sys.executable, "-m", "phloem.runtime.layers.cpu_build", "--one", name])
+        for name in _jobs()
+    }
+    return {name: proc.wait() == 0 for name, proc in procs.items()}
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--one"]:
+        sys.exit(0 if _jobs()[sys.argv[2]]() else 1)
+    print(build_all())

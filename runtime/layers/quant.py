@@ -39,7 +39,6 @@ build but run slower than float32 ``F.linear`` on AVX2 without AVX-512, so they 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -85,14 +84,12 @@ def _load_kernels() -> Any:
         if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
             logger.warning("no AVX2: quantized layers use the slow dequantize-then-matmul path")
             return None
-        try:
-            from torch.utils.cpp_extension import load
+        from phloem.runtime.layers.cpu_build import build_extension
 
-            source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "quant_kernels.cpp")
-            flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
-            _kernels = load("phloem_quant_kernels", [source], extra_cflags=flags, extra_ldflags=["-fopenmp"])
-        except Exception as exc:  # no compiler, no ninja, ...
-            logger.warning("quantized CPU kernels unavailable (%s); using the slow reference path", exc)
+        flags = ["-O3", "-mavx2", "-mfma", "-fopenmp"]
+        _kernels = build_extension("phloem_quant_kernels", "quant_kernels.cpp", flags)
+        if _kernels is None:  # no compiler, no ninja, ...
+            logger.warning("quantized CPU kernels unavailable; using the slow reference path")
         return _kernels
 
 
