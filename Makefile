@@ -32,7 +32,7 @@ run: setup
 	$(VENV)/bin/phloem serve $(ARGS)
 
 # The whole test suite (lint and type check first)
-test: $(VENV)/.installed prebuild setup-test lint typecheck
+test: prebuild setup-test lint typecheck
 	$(PY) -m pytest -q -m "not gpu" --durations=15 $(ARGS)
 
 # The CPU C++ kernels compiled in the background, one process each, while the test extras install

@@ -28,25 +28,27 @@ def run_interpreted(module: str, *args: str, timeout: float = 300) -> subprocess
 
 
 def assert_interpreted_cases_pass(module: str, expected: int, *args: str, shards: int = 1) -> None:
-    """Run a case module under the interpreter (:func:`run_interpreted`): it must exit 0 and print
+    """Run a case module under the interpreter (as :func:`run_interpreted` does): it must exit 0 and print
     exactly ``expected`` ``ok`` lines (so a case that silently stopped running fails too).
 
     ``shards`` > 1 runs that many children at once, each with ``--shard K/N`` (the module keeps
     every N-th case, :func:`shard_of`) and one thread: the interpreter is single-threaded Python,
     so the cases of a long module finish in about 1/N of the time on N cores."""
-    if shards == 1:
-        procs = [run_interpreted(module, *args)]
-    else:
-        env = {**os.environ, **_ENV, "OMP_NUM_THREADS": "1"}
-        children = [
-            subprocess.Popen([sys.executable, "-m", module, *args, "--shard", f"{k}/{shards}"], cwd=ROOT, env=env,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
-            for k in range(shards)
-        ]
-        procs = []
+    env = {**os.environ, **_ENV, **({"OMP_NUM_THREADS": "1"} if shards > 1 else {})}
+    shard_args = [[]] if shards == 1 else [["--shard", f"{k}/{shards}"] for k in range(shards)]
+    children = [
+        subprocess.Popen([sys.executable, "-m", module, *args, *extra], cwd=ROOT, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        for extra in shard_args
+    ]
+    procs = []
+    try:
         for child in children:
             out, err = child.communicate(timeout=300)
             procs.append(subprocess.CompletedProcess(child.args, child.returncode, out, err))
+    finally:
+        for child in children:
+            child.kill()  # a no-op for those that exited; a timed-out shard must not outlive the test
     for proc in procs:
         assert proc.returncode == 0, proc.stdout + proc.stderr
     passed = sum(line.startswith("ok") for proc in procs for line in proc.stdout.splitlines())
