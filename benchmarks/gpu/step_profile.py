@@ -250,14 +250,19 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     gc_mark = len(GC.pauses)
     for r in reqs:
         s.add_request(r)
+    trace = StepTrace(s) if STEP_TRACE else None
     t0, c0 = time.perf_counter(), time.thread_time()
     steps = 0
     while not all(r.finished for r in reqs):
         StallDump.arm()
         s.step()
         StallDump.disarm()
+        if trace is not None:
+            trace.stepped()
         steps += 1
     s.drain()
+    if trace is not None:
+        trace.close()
     total, host = time.perf_counter() - t0, time.thread_time() - c0
     tokens = sum(len(r.output_ids) for r in reqs)
     chars = sum(len(tokenizer.decode(r.output_ids)) for r in reqs)
@@ -277,7 +282,44 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "grammar_rejected": sum(kind == "abort" for kind in kinds),  # must be 0
         "finish_kinds": sorted(set(kinds)),
         **GC.since(gc_mark),
+        **({"step_trace": trace.rows} if trace is not None else {}),
     }  # fmt: skip
+
+
+STEP_TRACE = False  # --step-trace
+
+
+class StepTrace:
+    """With ``--step-trace``: one row per ``step()`` of a request window, what it launched and how
+    long the step took: ``[wall_ms, kind, rows, decode_steps, longest_extend, extend_tokens,
+    graph]`` (kind ``D`` decode, ``E`` extend, ``-`` nothing launched; ``graph``: the extend
+    replayed a short extend graph). A step's wall holds the processing of the step before it
+    with overlap, and its own without."""
+
+    def __init__(self, s: Any) -> None:
+        self.s = s
+        self.rows: list[list[Any]] = []
+        self.launched: list[Any] = []
+        self.passes = _extend_passes(s)
+        self.t = time.perf_counter()
+        launch = s.launch
+
+        def traced(batch: Any, vocab_mask: Any = None) -> Any:
+            lens = list(batch.extend_lens)
+            self.launched = ["E" if batch.is_prefill else "D", len(batch.reqs), batch.decode_steps,
+                             max(lens, default=0), sum(lens)]  # fmt: skip
+            return launch(batch, vocab_mask)
+
+        s.launch = traced
+
+    def stepped(self) -> None:
+        now, passes = time.perf_counter(), _extend_passes(self.s)
+        launched = self.launched or ["-", 0, 0, 0, 0]
+        self.rows.append([round(1e3 * (now - self.t), 3), *launched, passes > self.passes])
+        self.t, self.passes, self.launched = now, passes, []
+
+    def close(self) -> None:
+        del self.s.launch  # the class's method again
 
 
 def _skipped_steps(s: Any) -> int:
@@ -498,6 +540,8 @@ def main() -> None:
     p.add_argument("--vs-free", action="store_true",
                    help="also time the requests without a grammar at the constrained outputs' lengths")
     p.add_argument("--cprofile", action="store_true")
+    p.add_argument("--step-trace", action="store_true",
+                   help="request windows: what each step launched and its wall time (step_trace)")
     p.add_argument("--no-torch-profile", action="store_true")
     p.add_argument(
         "--keep-trace",
@@ -511,6 +555,8 @@ def main() -> None:
     )
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    global STEP_TRACE
+    STEP_TRACE = args.step_trace
 
     import torch
 
