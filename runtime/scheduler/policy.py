@@ -172,30 +172,34 @@ def continuous_decode_plan(
 
 
 class DecodePace:
-    """Seconds per decode step, measured where the scheduler processes consecutive decode launches.
+    """Seconds per decode step, measured each time the scheduler processes a decode launch.
 
-    The time between processing two decode launches is what the second one took (the overlap
-    loop launched it while the first ran), whoever set the pace: the GPU, or the host when it is
-    the slower one. Divided by that launch's steps it is the step time; an exponential average
-    smooths it. Any other launch (a prefill) and an idle loop break the chain, so neither prompt
-    passes nor idle time count as decode.
+    A launch ran from the later of the moment it was launched and the moment the launch before it
+    (of any kind) was processed: steps run in submission order, so under the overlap loop a launch
+    queued behind another starts once that one is done, and without overlap (a batch whose rows
+    may jump forward, or the end of a batch) it starts when launched. Up to its processing, that
+    is what it took, whoever set the pace: the GPU, or the host when it is the slower one; the
+    host's own work between a processing and the next launch is not counted, nor are prefills or
+    idle time. Divided by the launch's steps it is the step time; an exponential average smooths
+    it. (Timing only consecutive decode launches left a decode that alternates with extends, as
+    under jump-forward, on whatever pace was measured before: one or two steps a launch.)
     """
 
     ALPHA = 0.25
 
     def __init__(self) -> None:
         self.per_step: float | None = None
-        self._last: float | None = None
+        self._last: float | None = None  # when the last launch of any kind was processed
 
-    def decode_processed(self, now: float, steps: int) -> None:
-        if self._last is not None:
-            sample = (now - self._last) / max(steps, 1)
-            old = self.per_step
-            self.per_step = sample if old is None else old + self.ALPHA * (sample - old)
+    def decode_processed(self, now: float, steps: int, launched_at: float) -> None:
+        start = launched_at if self._last is None else max(self._last, launched_at)
+        sample = max(now - start, 0.0) / max(steps, 1)
+        old = self.per_step
+        self.per_step = sample if old is None else old + self.ALPHA * (sample - old)
         self._last = now
 
-    def other_processed(self) -> None:
-        self._last = None
+    def other_processed(self, now: float) -> None:
+        self._last = now
 
     def steps_within(self, budget_s: float, cap: int) -> int:
         """Steps of one launch that fit ``budget_s`` at the measured pace, 1 to ``cap``; 1 until

@@ -310,7 +310,6 @@ class Scheduler:
             late_mask.set_result(self.grammar.fill_mask(batch.reqs))
         if batch is None and not self.inflight:
             self.release_deferred()
-            self.pace.other_processed()  # idle: the next decode launch does not time this wait
             return False
         return True
 
@@ -339,6 +338,7 @@ class Scheduler:
 
     def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[Any]:
         assert batch.kind is not None, "a batch is built by its step kind"
+        batch.launched_at = self.clock()  # DecodePace: where its time starts at the latest
         return batch.kind.launch(batch, vocab_mask)
 
     def _process_oldest(self) -> None:

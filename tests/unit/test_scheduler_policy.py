@@ -235,19 +235,25 @@ def test_continuous_decode_plan_resolves_auto_per_device():
     assert continuous_decode_plan(4, 2.0, device_type="cuda", speculative=True) == (4, 0.002)
 
 
-def test_decode_pace_averages_step_times_between_decode_launches():
+def test_decode_pace_times_each_decode_launch_from_when_it_could_start():
     from phloem.runtime.scheduler.policy import DecodePace
 
     pace = DecodePace()
     assert pace.steps_within(0.008, 8) == 1  # nothing measured yet
-    pace.decode_processed(1.000, 1)  # the first launch only starts the chain
-    assert pace.per_step is None
-    pace.decode_processed(1.002, 1)
+    pace.decode_processed(1.003, 1, launched_at=1.001)  # alone: from its launch, 2 ms
     assert pace.per_step == pytest.approx(0.002)
     assert pace.steps_within(0.008, 8) == 4
-    pace.decode_processed(1.006, 4)  # 4 steps in 4 ms: 1 ms a step, averaged in
+    # launched at 1.002 behind the first (overlap): it ran from that one's processing at 1.003
+    pace.decode_processed(1.007, 4, launched_at=1.002)  # 4 steps in 4 ms: 1 ms a step, averaged in
     assert pace.per_step == pytest.approx(0.002 + DecodePace.ALPHA * (0.001 - 0.002))
-    pace.other_processed()  # a prefill: the next interval is not a decode step
-    pace.decode_processed(5.0, 1)
-    assert pace.per_step == pytest.approx(0.00175)
+    # a prefill processed at 2.0; a decode queued behind it is timed from there, not from 1.007
+    pace.other_processed(2.0)
+    pace.decode_processed(2.001, 1, launched_at=1.999)
+    assert pace.per_step == pytest.approx(0.00175 + DecodePace.ALPHA * (0.001 - 0.00175))
+    # an extend, then a decode launched after it was processed (jump-forward without overlap):
+    # the host's work in between and any idle time are not the decode's
+    pace.other_processed(3.0)
+    before = pace.per_step
+    pace.decode_processed(5.001, 1, launched_at=5.0)
+    assert pace.per_step == pytest.approx(before + DecodePace.ALPHA * (0.001 - before))
     assert pace.steps_within(0.001, 8) == 1 and pace.steps_within(1.0, 8) == 8

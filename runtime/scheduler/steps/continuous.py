@@ -62,7 +62,7 @@ class ContinuousDecodeStep:
         past ``kv_len``'s known tokens)."""
         s = self.s
         per_step = fut.result().synchronize_steps()
-        s.pace.decode_processed(s.clock(), batch.decode_steps)
+        s.pace.decode_processed(s.clock(), batch.decode_steps, batch.launched_at)
         s.release_deferred()
         steps = len(per_step)
         kept = 0
