@@ -292,9 +292,9 @@ STEP_TRACE = False  # --step-trace
 class StepTrace:
     """With ``--step-trace``: one row per ``step()`` of a request window, what it launched and how
     long the step took: ``[wall_ms, kind, rows, decode_steps, longest_extend, extend_tokens,
-    graph]`` (kind ``D`` decode, ``E`` extend, ``-`` nothing launched; ``graph``: the extend
-    replayed a short extend graph). A step's wall holds the processing of the step before it
-    with overlap, and its own without."""
+    graph]`` (kind ``D`` decode, ``E`` extend, ``-`` nothing launched; ``graph``: a short extend
+    graph was replayed during the step, which with overlap is the step after the extend's). A
+    step's wall holds the processing of the step before it with overlap, and its own without."""
 
     def __init__(self, s: Any) -> None:
         self.s = s
