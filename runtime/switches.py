@@ -112,7 +112,7 @@ JUMP_FORWARD_OVERLAP = Switch(
     "overlap batches that may jump (a jump throws its launch in flight away), not process them at once",
 )  # fmt: skip
 JUMP_EXTEND_OVERLAP = Switch(
-    "PHLOEM_JUMP_EXTEND_OVERLAP", bool, True,
+    "PHLOEM_JUMP_EXTEND_OVERLAP", bool, False,
     "overlap the extend passes of batches that may jump; a row jumps only once no launch of it is in flight",
 )  # fmt: skip
 # ---- files and diagnosis

@@ -78,7 +78,7 @@ class SchedulerConfig:
     # With overlap: keep an extend pass in flight even when its rows may jump (the decode launch
     # behind it starts from its sampled tokens on the device); a row jumps only once the host has
     # seen all its tokens, so a jump never throws a launch away.
-    jump_extend_overlap: bool = True
+    jump_extend_overlap: bool = False
     # Decode steps launched as one (``--num-continuous-decode-steps``): see ``steps.continuous``.
     decode_steps: int = 1
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
