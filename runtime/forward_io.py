@@ -114,6 +114,9 @@ class ForwardInput:
     # above describe step 0; ``step_slots[j]`` ([steps, B], host) are the slots step j writes.
     decode_steps: int = 1
     step_slots: torch.Tensor | None = None
+    # A jump-forward lead pass (EXTEND, ``scheduler.steps.lead``): the continuous decode steps run
+    # right after it, reading its sampled tokens on the device (their ``input_ids`` are ignored).
+    then: ForwardInput | None = None
     # EXTEND: (query-key pairs over cached prefixes, pairs among the new tokens), counted from
     # the host's lengths when the batch moves to the device (``to``), where they can no longer be
     # read without waiting for the stream. The Triton backend picks its key tiles from them.

@@ -115,6 +115,10 @@ JUMP_EXTEND_OVERLAP = Switch(
     "PHLOEM_JUMP_EXTEND_OVERLAP", bool, False,
     "overlap the extend passes of batches that may jump; a row jumps only once no launch of it is in flight",
 )  # fmt: skip
+JUMP_LEAD = Switch(
+    "PHLOEM_JUMP_LEAD", bool, False,
+    "extend a jump's forced tokens in the first pass of the next continuous decode launch, not a pass of their own",
+)  # fmt: skip
 # ---- files and diagnosis
 CACHE_DIR = Switch("PHLOEM_CACHE_DIR", str, "", "where downloaded models go (empty: ~/.cache/phloem)")
 LOOP_TRACE = Switch("PHLOEM_LOOP_TRACE", str, "", "write one line per busy scheduler iteration to this file")

@@ -28,6 +28,7 @@ launched before it (which may still read the slots the load reuses).
 
 from __future__ import annotations
 
+import dataclasses
 import queue
 import threading
 from collections.abc import Callable, Sequence
@@ -115,13 +116,30 @@ class InlineWorker:
         if self.before_step is not None:
             self.before_step(fi, future_ids)
         fi.input_ids = self.future_map.resolve(fi.input_ids)
-        if fi.decode_steps > 1:
+        if fi.then is not None:
+            out = self._run_lead(fi)
+        elif fi.decode_steps > 1:
             out = self._run_steps(fi, loads)
         else:
             out = self.runner.forward(fi, kv_loads=loads) if loads else self.runner.forward(fi)
         if future_ids is not None:
             self.future_map.store(future_ids, out.next_token_ids)
         return out
+
+    def _run_lead(self, fi: ForwardInput) -> ForwardOutput:
+        """A jump-forward lead pass, then the decode steps behind it (``fi.then``) from its
+        sampled tokens, which stay on the device; the output carries every step's tokens."""
+        tail = fi.then
+        assert tail is not None
+        lead = self.runner.forward(dataclasses.replace(fi, then=None))
+        tail = dataclasses.replace(tail, input_ids=lead.next_token_ids)
+        rest = self._run_steps(tail, ()) if tail.decode_steps > 1 else self.runner.forward(tail)
+        return ForwardOutput(
+            next_token_ids=rest.next_token_ids,
+            next_token_ids_cpu=rest.next_token_ids_cpu,
+            copy_done=rest.copy_done,
+            steps=[lead, *(rest.steps or [rest])],
+        )
 
     def _run_steps(self, fi: ForwardInput, loads: Sequence[KVLoad]) -> ForwardOutput:
         """A continuous decode batch: its steps back to back, each step's sampled tokens (still on

@@ -133,18 +133,25 @@ def gather_new_tokens(batch: ScheduledBatch) -> list[int]:
 
 
 def write_decode_slots(
-    req_to_token: torch.Tensor, reqs: Sequence[Req], slots: torch.Tensor, steps: int = 1
+    req_to_token: torch.Tensor,
+    reqs: Sequence[Req],
+    slots: torch.Tensor,
+    steps: int = 1,
+    *,
+    kv_lens: Sequence[int] | None = None,
 ) -> torch.Tensor:
     """``req_to_token[row, kv_len + j] = slot`` for every decode row and each of ``steps`` steps,
     as one indexed write (a device table would otherwise take one small copy per row). ``slots``
     holds ``steps`` slots per row, row after row. Returns the host ``[5, B]`` index (rows,
     kv_lens, step 0's slots, kv_lens + 1, ones) for :attr:`ScheduledBatch.decode_index`: every
     per-row column of a decode ``ForwardInput`` in one tensor, filled in numpy (a torch op per
-    column, or ``torch.tensor`` of a list, costs more than the whole fill at this size)."""
+    column, or ``torch.tensor`` of a list, costs more than the whole fill at this size).
+    ``kv_lens``: each row's first position, when not its ``kv_len`` (a jump's lead pass comes
+    first, ``steps.lead``)."""
     n = len(reqs)
     index = np.empty((5, n), dtype=np.int64)
     index[0] = [r.req_pool_idx for r in reqs]
-    index[1] = [r.kv_len for r in reqs]
+    index[1] = [r.kv_len for r in reqs] if kv_lens is None else kv_lens
     per_row = slots.numpy().reshape(n, steps)
     index[2] = per_row[:, 0]
     np.add(index[1], 1, out=index[3])

@@ -217,10 +217,27 @@ def _scheduler_config(args: EngineArgs, runner: Any) -> SchedulerConfig:
         enable_jump_forward=jump_forward,
         jump_overlap=switches.JUMP_FORWARD_OVERLAP.flag(),
         jump_extend_overlap=switches.JUMP_EXTEND_OVERLAP.flag(),
+        **_jump_lead_shape(runner, jump_forward and not speculative),
         decode_steps=decode_steps,
         decode_budget_s=decode_budget_s,
         decode_early_exit=getattr(getattr(runner, "cuda_graphs", None), "exit", None) is not None,
     )
+
+
+def _jump_lead_shape(runner: Any, jump_forward: bool) -> dict[str, int]:
+    """``jump_lead_rows`` and ``jump_lead_tokens`` under ``PHLOEM_JUMP_LEAD``: the short extend
+    graphs' shape on CUDA (none captured: no lead passes, an eager one costs more than it saves),
+    the same shape run eagerly on the CPU."""
+    if not jump_forward or not switches.JUMP_LEAD.flag():
+        return {}
+    graphs = getattr(runner, "extend_graphs", None)
+    if graphs is not None:
+        return {"jump_lead_rows": graphs.limit, "jump_lead_tokens": graphs.width}
+    if runner.device.type == "cpu":
+        from phloem.runtime.executor.model_runner import EXTEND_GRAPH_MAX_BS
+
+        return {"jump_lead_rows": EXTEND_GRAPH_MAX_BS, "jump_lead_tokens": JUMP_GRAPH_TOKENS}
+    return {}
 
 
 def speculative_shape(args: EngineArgs, device_type: str) -> tuple[int, int]:

@@ -49,6 +49,7 @@ from phloem.runtime.scheduler.stats import SchedulerCounters, StepLog, StepTimes
 from phloem.runtime.scheduler.steps import StepKind
 from phloem.runtime.scheduler.steps.continuous import ContinuousDecodeStep
 from phloem.runtime.scheduler.steps.decode import DecodeStep
+from phloem.runtime.scheduler.steps.lead import JumpLeadStep
 from phloem.runtime.scheduler.steps.prefill import PrefillStep
 from phloem.runtime.scheduler.steps.spec_step import SpecStep
 from phloem.runtime.scheduler.steps.spec_window import SpecWindowStep
@@ -79,6 +80,11 @@ class SchedulerConfig:
     # behind it starts from its sampled tokens on the device); a row jumps only once the host has
     # seen all its tokens, so a jump never throws a launch away.
     jump_extend_overlap: bool = False
+    # Extend a jump's forced tokens in the first pass of the next continuous decode launch
+    # (``steps.lead``) when that pass has at most ``jump_lead_rows`` rows of at most
+    # ``jump_lead_tokens`` new tokens each (the short extend graphs' shape); 0: never.
+    jump_lead_rows: int = 0
+    jump_lead_tokens: int = 0
     # Decode steps launched as one (``--num-continuous-decode-steps``): see ``steps.continuous``.
     decode_steps: int = 1
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
@@ -157,6 +163,8 @@ class Scheduler:
         """The kinds ``schedule`` asks, in order; the first with a batch runs. A speculative kind
         declines unless every running request may decode speculatively; then plain decode runs."""
         kinds: list[StepKind] = [self.prefill_step]
+        if self.spec is None and self.cfg.decode_steps > 1 and self.cfg.jump_lead_rows > 0:
+            kinds.insert(0, JumpLeadStep(self))  # before the prefill step takes the jumped rows
         if self.spec is not None:
             kinds += [SpecWindowStep(self, self.spec), SpecStep(self, self.spec)]
         elif self.cfg.decode_steps > 1:
@@ -354,14 +362,15 @@ class Scheduler:
             self.ratio.step()
         self.log.decode_launches += 1
 
-    def unseen_steps(self, reqs: list[Req], steps: int) -> int:
+    def unseen_steps(self, reqs: list[Req], steps: int, *, jumped_ok: bool = False) -> int:
         """How many steps the decoding rows ``reqs`` may take before the host sees their tokens
         (continuous decode, speculative windows), at most ``steps``; 0 when they may not: something
         waits to be admitted (it would wait the whole batch), a row needs the host between its
         tokens (``decodes_ahead``) or a grammar is still compiling. Never past any row's
         ``max_new_tokens``, nor past the step by which every row has certainly ended
-        (``Req.steps_left_at_most``)."""
-        if not reqs or self.waiting or self.chunked is not None or self.jumped:
+        (``Req.steps_left_at_most``). ``jumped_ok``: rows that jumped forward are among ``reqs``
+        (a jump's lead launch, ``steps.lead``) rather than waiting for a prefill pass."""
+        if not reqs or self.waiting or self.chunked is not None or (self.jumped and not jumped_ok):
             return 0
         if self.grammar is not None and self.grammar.pending:
             return 0
@@ -720,6 +729,7 @@ class Scheduler:
             "new_token_ratio": self.ratio.value,
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "jump_forward_stale_tokens_total": s.jump_stale_tokens,
+            "jump_lead_launches_total": s.jump_lead_launches,
             "continuous_decode_steps_total": s.continuous_decode_steps,
             "decode_steps_skipped_total": self.decode_steps_skipped(),
             "near_end_syncs_total": s.near_end_syncs,

@@ -133,3 +133,18 @@ def test_jump_forward_cut_by_max_new_tokens(jf_engine):
         assert out["meta_info"]["finish_reason"]["type"] == "length", out
         assert len(out["output_ids"]) == budget
         assert forced.startswith(tok.decode(out["output_ids"])) and out["text"]
+
+
+def test_jump_lead_extends_forced_keys_inside_the_decode_launch(monkeypatch):
+    """``PHLOEM_JUMP_LEAD``: a jump's forced tokens are the first pass of the next continuous
+    decode launch (the other rows decode a token in it) instead of an extend pass of their own.
+    Outputs stay valid, the text is the canonical tokenization, and the launches were taken."""
+    prompts = ["Write a customer record as JSON:", "A customer who prefers email:", "Customer data:"]
+    monkeypatch.setenv("PHLOEM_JUMP_LEAD", "1")  # read by the scheduler process
+    outs, info, tok = _continuous_run(LONG_KEYS, prompts, max_new=160, steps=4)
+    live = info["live"]
+    assert live["jump_lead_launches_total"] > 0 and live["jump_forward_tokens_total"] > 20
+    for o in outs:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
+        assert tok.decode(o["output_ids"]).startswith(o["text"])

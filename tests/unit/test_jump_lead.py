@@ -1,0 +1,80 @@
+"""A jump's forced tokens extended in the first pass of the next continuous decode launch
+(``scheduler.steps.lead``), against the fake model that reads its KV (test_jump_forward_overlap):
+every sampled token must still be the model's answer to its whole context, so a lead pass that
+wrote a slot wrong, or decode steps that started from the wrong position, shows in the output."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from tests.unit.test_jump_forward_overlap import FORCED, PROMPTS, add, check_output, harness
+
+
+def lead_harness(*, overlap: bool, steps: int, rows: int = 32, tokens: int = 16, **kw):
+    h = harness(overlap=overlap, steps=steps, on_device=True, **kw)
+    h.s.cfg = dataclasses.replace(h.s.cfg, jump_overlap=False, jump_lead_rows=rows, jump_lead_tokens=tokens)
+    h.s.kinds = h.s._step_kinds()
+    return h
+
+
+def launches(h) -> list[tuple[str, int, int]]:
+    """Every launch as (kind, rows, steps), recorded through ``Scheduler.launch``."""
+    seen: list[tuple[str, int, int]] = []
+    launch = h.s.launch
+
+    def record(batch, vocab_mask=None):
+        seen.append((type(batch.kind).__name__, len(batch.reqs), batch.decode_steps))
+        return launch(batch, vocab_mask)
+
+    h.s.launch = record
+    return seen
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("steps", [2, 4, 8])
+def test_lead_launches_carry_the_jumps_and_keep_every_token_the_models(overlap, steps):
+    h = lead_harness(overlap=overlap, steps=steps)
+    seen = launches(h)
+    for i, p in enumerate(PROMPTS):
+        add(h, f"r{i}", p, 40)
+    h.run()  # checks that every slot came back
+    out = h.outputs()
+    for i, p in enumerate(PROMPTS):
+        assert len(out[f"r{i}"]) == 40
+        check_output(p, out[f"r{i}"])
+    assert any(FORCED[0] in o for o in out.values())
+    leads = [x for x in seen if x[0] == "JumpLeadStep"]
+    assert leads and h.s.stats.jump_lead_launches == len(leads)
+    # after the prompts, jumped rows never get an extend pass of their own
+    first_decode = next(i for i, x in enumerate(seen) if x[0] != "PrefillStep")
+    assert all(x[0] != "PrefillStep" for x in seen[first_decode:])
+    assert h.s.stats.jump_stale_tokens == 0
+
+
+def test_a_forced_run_longer_than_the_lead_shape_takes_the_prefill_step():
+    """Rows whose forced run does not fit ``jump_lead_tokens`` extend in a pass of their own."""
+    h = lead_harness(overlap=False, steps=4, tokens=len(FORCED))  # the run plus the kept token: 5
+    seen = launches(h)
+    for i, p in enumerate(PROMPTS):
+        add(h, f"r{i}", p, 40)
+    h.run()
+    assert h.s.grammar.jumps > 0  # every jump extends 5 tokens: none fits a lead pass
+    assert not any(x[0] == "JumpLeadStep" for x in seen) and h.s.stats.jump_lead_launches == 0
+    for i, p in enumerate(PROMPTS):
+        check_output(p, h.outputs()[f"r{i}"])
+
+
+def test_a_lead_launch_waits_while_a_request_waits_for_admission():
+    """Something waiting: the prefill step admits it and extends the jumped rows with it."""
+    h = lead_harness(overlap=False, steps=4, max_running=2)
+    seen = launches(h)
+    for i, p in enumerate(PROMPTS):
+        add(h, f"r{i}", p, 24)
+    h.run()
+    out = h.outputs()
+    for i, p in enumerate(PROMPTS):
+        assert len(out[f"r{i}"]) == 24
+        check_output(p, out[f"r{i}"])
+    assert any(x[0] == "JumpLeadStep" for x in seen)
