@@ -108,3 +108,40 @@ def test_step_profile_counts_a_launch_of_k_steps_k_times(monkeypatch):
     assert out["steps"] == 3 and out["decode_tokens"] == 24
     assert out["step_wall_ms_median"] == 1000.0
     assert out["decode_step_ms_median"] == 250.0
+
+
+def test_step_trace_records_what_each_step_launched(monkeypatch):
+    """``step_profile --step-trace``: one row per step with its wall time, the launched batch's
+    kind, rows, steps and extend lengths, and whether a short extend graph ran during it; the
+    scheduler's own ``launch`` is back once the window closes."""
+    from types import SimpleNamespace
+
+    from benchmarks.gpu import step_profile
+
+    ticks = iter([0.0, 0.002, 0.010, 0.011])
+    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: next(ticks))
+    graphs = SimpleNamespace(passes=0)
+
+    class Sched:
+        worker = SimpleNamespace(runner=SimpleNamespace(extend_graphs=graphs))
+
+        def launch(self, batch, vocab_mask=None):
+            return ("launched", batch.decode_steps)
+
+    s = Sched()
+    trace = step_profile.StepTrace(s)
+    extend = SimpleNamespace(is_prefill=True, reqs=[1, 2], decode_steps=1, extend_lens=[5, 11])
+    assert s.launch(extend) == ("launched", 1)
+    graphs.passes += 1  # the extend replayed a graph
+    trace.stepped()
+    decode = SimpleNamespace(is_prefill=False, reqs=[1, 2], decode_steps=6, extend_lens=[1, 1])
+    s.launch(decode)
+    trace.stepped()
+    trace.stepped()  # nothing launched
+    trace.close()
+    assert trace.rows == [
+        [2.0, "E", 2, 1, 11, 16, True],
+        [8.0, "D", 2, 6, 1, 2, False],
+        [1.0, "-", 0, 0, 0, 0, False],
+    ]
+    assert s.launch(decode) == ("launched", 6) and "launch" not in vars(s)
