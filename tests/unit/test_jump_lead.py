@@ -78,3 +78,30 @@ def test_a_lead_launch_waits_while_a_request_waits_for_admission():
         assert len(out[f"r{i}"]) == 24
         check_output(p, out[f"r{i}"])
     assert any(x[0] == "JumpLeadStep" for x in seen)
+
+
+@pytest.mark.parametrize("pool", [500, 1500])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_random_traffic_with_lead_launches_keeps_outputs_and_the_pool(overlap, pool):
+    """Arrivals while rows jump, chunked prompts, aborts, and (the small pool) requests that wait
+    for memory and retractions: every output stays the model's own and every slot comes back
+    (``Harness.run`` checks the pool). With the small pool something always waits, so the
+    jumped rows take the prefill step."""
+    import random
+
+    rng = random.Random(11)
+    h = lead_harness(overlap=overlap, steps=4, pool=pool, chunk=24, max_running=24)
+    seen = launches(h)
+    prompts = {}
+    for i in range(24):
+        prompts[f"r{i}"] = [rng.randint(10, 59) for _ in range(rng.randint(1, 50))]
+        add(h, f"r{i}", prompts[f"r{i}"], rng.randint(1, 48))
+        for _ in range(rng.randint(0, 3)):
+            h.s.step()
+        if i % 7 == 6:
+            h.s.abort(f"r{i - 3}")
+    h.run()
+    out = h.outputs()
+    for rid, p in prompts.items():
+        check_output(p, out.get(rid, []))
+    assert any(x[0] == "JumpLeadStep" for x in seen) == (pool > 500)
