@@ -181,8 +181,7 @@ class DecodePace:
     is what it took, whoever set the pace: the GPU, or the host when it is the slower one; the
     host's own work between a processing and the next launch is not counted, nor are prefills or
     idle time. Divided by the launch's steps it is the step time; an exponential average smooths
-    it. (Timing only consecutive decode launches left a decode that alternates with extends, as
-    under jump-forward, on whatever pace was measured before: one or two steps a launch.)
+    it. A decode that alternates with extends (jump-forward) is timed like any other.
     """
 
     ALPHA = 0.25

@@ -118,8 +118,8 @@ def test_step_trace_records_what_each_step_launched(monkeypatch):
 
     from benchmarks.gpu import step_profile
 
-    ticks = iter([0.0, 0.002, 0.010, 0.011])
-    monkeypatch.setattr(step_profile.time, "perf_counter", lambda: next(ticks))
+    clock = SimpleNamespace(now=0.0)  # this module's clock only (a collector pause may read it)
+    monkeypatch.setattr(step_profile, "time", SimpleNamespace(perf_counter=lambda: clock.now))
     graphs = SimpleNamespace(passes=0)
 
     class Sched:
@@ -133,10 +133,13 @@ def test_step_trace_records_what_each_step_launched(monkeypatch):
     extend = SimpleNamespace(is_prefill=True, reqs=[1, 2], decode_steps=1, extend_lens=[5, 11])
     assert s.launch(extend) == ("launched", 1)
     graphs.passes += 1  # the extend replayed a graph
+    clock.now = 0.002
     trace.stepped()
     decode = SimpleNamespace(is_prefill=False, reqs=[1, 2], decode_steps=6, extend_lens=[1, 1])
     s.launch(decode)
+    clock.now = 0.010
     trace.stepped()
+    clock.now = 0.011
     trace.stepped()  # nothing launched
     trace.close()
     assert trace.rows == [

@@ -207,14 +207,22 @@ def test_aborting_a_jumped_request_ends_it_and_frees_its_kv(overlap):
 
 @pytest.mark.parametrize("overlap", [False, True])
 def test_random_traffic_with_jumps_keeps_outputs_and_the_pool(overlap):
-    rng = random.Random(7)
     h = harness(overlap=overlap, steps=4, on_device=True, pool=700, chunk=24, max_running=6)
+    random_traffic(h, random.Random(7))
+
+
+def random_traffic(h: Harness, rng: random.Random, *, abort_every: int = 0) -> None:
+    """24 requests of random prompts and budgets arriving between steps (every ``abort_every``-th
+    arrival aborts one added three before it), run to the end: every output is the model's own
+    and ``Harness.run`` finds the pool whole."""
     prompts = {}
     for i in range(24):
         prompts[f"r{i}"] = [rng.randint(10, 59) for _ in range(rng.randint(1, 50))]
         add(h, f"r{i}", prompts[f"r{i}"], rng.randint(1, 48))
         for _ in range(rng.randint(0, 3)):
             h.s.step()
+        if abort_every and i % abort_every == abort_every - 1:
+            h.s.abort(f"r{i - 3}")
     h.run()
     out = h.outputs()
     for rid, p in prompts.items():

@@ -6,10 +6,11 @@ wrote a slot wrong, or decode steps that started from the wrong position, shows 
 from __future__ import annotations
 
 import dataclasses
+import random
 
 import pytest
 
-from tests.unit.test_jump_forward_overlap import FORCED, PROMPTS, add, check_output, harness
+from tests.unit.test_jump_forward_overlap import FORCED, PROMPTS, add, check_output, harness, random_traffic
 
 
 def lead_harness(*, overlap: bool, steps: int, rows: int = 32, tokens: int = 16, **kw):
@@ -87,21 +88,7 @@ def test_random_traffic_with_lead_launches_keeps_outputs_and_the_pool(overlap, p
     for memory and retractions: every output stays the model's own and every slot comes back
     (``Harness.run`` checks the pool). With the small pool something always waits, so the
     jumped rows take the prefill step."""
-    import random
-
-    rng = random.Random(11)
     h = lead_harness(overlap=overlap, steps=4, pool=pool, chunk=24, max_running=24)
     seen = launches(h)
-    prompts = {}
-    for i in range(24):
-        prompts[f"r{i}"] = [rng.randint(10, 59) for _ in range(rng.randint(1, 50))]
-        add(h, f"r{i}", prompts[f"r{i}"], rng.randint(1, 48))
-        for _ in range(rng.randint(0, 3)):
-            h.s.step()
-        if i % 7 == 6:
-            h.s.abort(f"r{i - 3}")
-    h.run()
-    out = h.outputs()
-    for rid, p in prompts.items():
-        check_output(p, out.get(rid, []))
+    random_traffic(h, random.Random(11), abort_every=7)
     assert any(x[0] == "JumpLeadStep" for x in seen) == (pool > 500)

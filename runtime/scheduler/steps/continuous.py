@@ -27,13 +27,18 @@ class ContinuousDecodeStep:
         """Decode steps to launch as one batch of the decoding rows ``reqs``: only under the
         conditions of ``Scheduler.unseen_steps`` and when every step's slots are free now."""
         s = self.s
-        cap = s.cfg.decode_steps
-        if s.cfg.decode_budget_s > 0:
-            cap = s.pace.steps_within(s.cfg.decode_budget_s, cap)
-        steps = s.unseen_steps(reqs, cap)
+        steps = s.unseen_steps(reqs, self.step_cap())
         if steps <= 1 or s.cache.available_size < steps * len(reqs):
             return 1
         return steps
+
+    def step_cap(self) -> int:
+        """The most steps one launch may carry: ``decode_steps``, or what fits the budget at the
+        measured pace."""
+        s = self.s
+        if s.cfg.decode_budget_s > 0:
+            return s.pace.steps_within(s.cfg.decode_budget_s, s.cfg.decode_steps)
+        return s.cfg.decode_steps
 
     def schedule(self) -> ScheduledBatch | None:
         """The decoding rows with a slot for each step, or None when one step at a time is due."""

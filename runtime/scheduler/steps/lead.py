@@ -22,11 +22,14 @@ import dataclasses
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import torch
 from phloem.runtime.forward_io import ForwardMode
-from phloem.runtime.host_copy import to_device
+from phloem.runtime.host_copy import pack_to_device
 from phloem.runtime.scheduler.batch import (
     ScheduledBatch,
     build_forward_input,
+    extend_index,
     gather_new_tokens,
     write_decode_slots,
 )
@@ -43,33 +46,31 @@ class JumpLeadStep:
         self.s = scheduler
         self._continuous = ContinuousDecodeStep(scheduler)  # processes the launch's tokens
 
-    def rows(self) -> list[Req] | None:
-        """The launch's rows, running ones first and then the jumped ones, or None when the
-        jumped rows go to the prefill step."""
+    def rows(self) -> tuple[list[Req], list[int]] | None:
+        """The launch's rows, running ones first and then the jumped ones, with each row's new
+        tokens in the lead pass; None when the jumped rows go to the prefill step."""
         s = self.s
         if not s.jumped or s.waiting or s.chunked is not None:
             return None
-        if any(r.finished or r.stale_outputs or r.pending_outputs for r in s.jumped):
+        if any(r.finished or r.stale_outputs for r in s.jumped):
             return None
         reqs = [*live_rows(s), *s.jumped]
         if len(reqs) > s.cfg.jump_lead_rows or any(r.pending_outputs for r in reqs):
             return None
-        if any(len(r.fill_ids) - r.kv_len > s.cfg.jump_lead_tokens for r in reqs):
+        extend = [r.prompt_len + len(r.output_ids) - r.kv_len for r in reqs]  # fill_ids past the KV
+        if max(extend) > s.cfg.jump_lead_tokens:
             return None
-        return reqs
+        return reqs, extend
 
     def schedule(self) -> ScheduledBatch | None:
         s = self.s
-        reqs = self.rows()
-        if reqs is None:
+        found = self.rows()
+        if found is None:
             return None
-        cap = s.cfg.decode_steps
-        if s.cfg.decode_budget_s > 0:
-            cap = s.pace.steps_within(s.cfg.decode_budget_s, cap)
-        steps = s.unseen_steps(reqs, cap, jumped_ok=True)
+        reqs, extend = found
+        steps = s.unseen_steps(reqs, self._continuous.step_cap(), jumped_ok=True)
         if steps < 1:
             return None
-        extend = [len(r.fill_ids) - r.kv_len for r in reqs]
         need = sum(extend) + (steps - 1) * len(reqs)
         if s.cache.available_size < need:
             return None  # the prefill step retracts what it must
@@ -85,15 +86,15 @@ class JumpLeadStep:
         batch.discard = [False] * n
         batch.chunk = [False] * n
         batch.prefill_row = [False] * n
-        # the lead pass's slots, row after row, then each decode step's
+        # the lead pass's slots, row after row (one indexed write), then each decode step's
         table = s.req_pool.req_to_token
         lead, rest = slots[: sum(extend)], slots[sum(extend) :]
-        offset = 0
-        for req, e in zip(reqs, extend):
-            table[req.req_pool_idx, req.kv_len : req.kv_len + e] = to_device(
-                lead[offset : offset + e], table.device
-            )
-            offset += e
+        rows, where = extend_index(
+            np.array([r.req_pool_idx for r in reqs]), np.array(batch.prefix_lens), np.array(extend)
+        )
+        (dev,) = pack_to_device([torch.from_numpy(np.stack([rows, where, lead.numpy()]))], table.device)
+        assert dev is not None
+        table[dev[0], dev[1]] = dev[2]
         if steps > 1:
             after = [r.kv_len + e for r, e in zip(reqs, extend)]
             batch.decode_index = write_decode_slots(table, reqs, rest, steps - 1, kv_lens=after)
@@ -138,6 +139,5 @@ class JumpLeadStep:
         return s.worker.submit(lead, future_ids)
 
     def process(self, batch: ScheduledBatch, fut: Future[Any]) -> None:
-        # Not a decode pace sample: timed as decode steps, the lead pass (an extend in a padded
-        # graph) made the next launches shorter, 3-4 steps at batch 32 on an H100 against 5-6.
+        # not a decode pace sample: its first pass is an extend, dearer than a decode step
         self._continuous.process(batch, fut, paced=False)
