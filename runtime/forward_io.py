@@ -229,6 +229,14 @@ class TokenLogprobs:
 
 
 @dataclass
+class StepTime:
+    """The device time of a launch's decode steps (``executor.step_timer``)."""
+
+    steps: int
+    read: Callable[[], float]  # seconds; call once the launch's tokens were read
+
+
+@dataclass
 class ForwardOutput:
     """Result of one forward pass plus sampling.
 
@@ -247,6 +255,8 @@ class ForwardOutput:
     # A continuous decode batch: each step's output in order (this object's own fields are the
     # last step's, whose tokens the next batch reads).
     steps: list[ForwardOutput] | None = None
+    # The device time of the decode steps it carries (set by the worker; None for other passes)
+    step_time: StepTime | None = None
     _logprobs: list[TokenLogprobs] | None = field(default=None, init=False, repr=False)
 
     @property

@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 import torch
 from phloem.runtime.cache.host_pool import KVLoad
-from phloem.runtime.forward_io import ForwardInput, ForwardOutput, decode_step_input
+from phloem.runtime.executor.step_timer import StepTimer
+from phloem.runtime.forward_io import ForwardInput, ForwardMode, ForwardOutput, decode_step_input
 from phloem.runtime.host_copy import to_device
 
 
@@ -96,6 +97,7 @@ class InlineWorker:
         # Tensor parallelism: rank 0 sends each step to the other ranks just before running it
         # (``tp_step.StepBroadcaster``); called on the thread that runs the step.
         self.before_step: Callable[[ForwardInput, range | None], None] | None = None
+        self.timer = StepTimer(getattr(runner, "device", None))  # decode steps' device time
 
     def submit(self, fi: ForwardInput, future_ids: range | None) -> Future[ForwardOutput]:
         fut: Future[ForwardOutput] = Future()
@@ -118,8 +120,8 @@ class InlineWorker:
         fi.input_ids = self.future_map.resolve(fi.input_ids)
         if fi.then is not None:
             out = self._run_lead(fi)
-        elif fi.decode_steps > 1:
-            out = self._run_steps(fi, loads)
+        elif fi.mode is ForwardMode.DECODE:
+            out = self._run_decode(fi, loads)
         else:
             out = self.runner.forward(fi, kv_loads=loads) if loads else self.runner.forward(fi)
         if future_ids is not None:
@@ -132,14 +134,24 @@ class InlineWorker:
         tail = fi.then
         assert tail is not None
         lead = self.runner.forward(dataclasses.replace(fi, then=None))
-        tail = dataclasses.replace(tail, input_ids=lead.next_token_ids)
-        rest = self._run_steps(tail, ()) if tail.decode_steps > 1 else self.runner.forward(tail)
+        rest = self._run_decode(dataclasses.replace(tail, input_ids=lead.next_token_ids), ())
         return ForwardOutput(
             next_token_ids=rest.next_token_ids,
             next_token_ids_cpu=rest.next_token_ids_cpu,
             copy_done=rest.copy_done,
             steps=[lead, *(rest.steps or [rest])],
+            step_time=rest.step_time,  # the decode steps only: the lead pass is an extend
         )
+
+    def _run_decode(self, fi: ForwardInput, loads: Sequence[KVLoad]) -> ForwardOutput:
+        """Decode steps (one, or a continuous decode batch), their device time measured."""
+        mark = self.timer.start()
+        if fi.decode_steps > 1:
+            out = self._run_steps(fi, loads)
+        else:
+            out = self.runner.forward(fi, kv_loads=loads) if loads else self.runner.forward(fi)
+        out.step_time = self.timer.stop(mark, fi.decode_steps)
+        return out
 
     def _run_steps(self, fi: ForwardInput, loads: Sequence[KVLoad]) -> ForwardOutput:
         """A continuous decode batch: its steps back to back, each step's sampled tokens (still on

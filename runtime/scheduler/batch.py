@@ -49,7 +49,6 @@ class ScheduledBatch:
     # Continuous decode: steps run back to back, and ``[steps, B]`` host slots of each step.
     decode_steps: int = 1
     step_slots: torch.Tensor | None = None
-    launched_at: float = 0.0  # Scheduler.clock() when launched (DecodePace)
 
     @property
     def is_prefill(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from phloem.runtime.forward_io import StepTime
 from phloem.runtime.scheduler.req import Req
 
 LPM_FALLBACK_QUEUE_LEN = 128
@@ -172,33 +173,29 @@ def continuous_decode_plan(
 
 
 class DecodePace:
-    """Seconds per decode step, measured each time the scheduler processes a decode launch.
+    """Seconds per decode step, from the device time of each decode launch's steps.
 
-    A launch ran from the later of the moment it was launched and the moment the launch before it
-    (of any kind) was processed: steps run in submission order, so under the overlap loop a launch
-    queued behind another starts once that one is done, and without overlap (a batch whose rows
-    may jump forward, or the end of a batch) it starts when launched. Up to its processing, that
-    is what it took, whoever set the pace: the GPU, or the host when it is the slower one; the
-    host's own work between a processing and the next launch is not counted, nor are prefills or
-    idle time. Divided by the launch's steps it is the step time; an exponential average smooths
-    it. A decode that alternates with extends (jump-forward) is timed like any other.
+    The worker times the steps of every decode launch (``executor.step_timer``): from the moment
+    the device starts the first one to the end of the last, so the host's work around a launch
+    (building it, reading its tokens) is not a step's, nor are prefills, a jump's lead pass or
+    idle time, and a launch queued behind another counts from when that one is done. Divided by
+    the launch's steps it is the step time; an exponential average smooths it. The budget then
+    bounds the device time of a launch, and a fixed cost per launch never shortens launches
+    (which would raise its share of each, and shorten them further).
     """
 
     ALPHA = 0.25
 
     def __init__(self) -> None:
         self.per_step: float | None = None
-        self._last: float | None = None  # when the last launch of any kind was processed
 
-    def decode_processed(self, now: float, steps: int, launched_at: float) -> None:
-        start = launched_at if self._last is None else max(self._last, launched_at)
-        sample = max(now - start, 0.0) / max(steps, 1)
+    def decode_processed(self, time: StepTime | None) -> None:
+        """A decode launch's tokens were read; ``time``: its steps' device time (None: untimed)."""
+        if time is None or time.steps < 1:
+            return
+        sample = max(time.read(), 0.0) / time.steps
         old = self.per_step
         self.per_step = sample if old is None else old + self.ALPHA * (sample - old)
-        self._last = now
-
-    def other_processed(self, now: float) -> None:
-        self._last = now
 
     def steps_within(self, budget_s: float, cap: int) -> int:
         """Steps of one launch that fit ``budget_s`` at the measured pace, 1 to ``cap``; 1 until

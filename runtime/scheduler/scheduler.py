@@ -144,7 +144,6 @@ class Scheduler:
         self.stats = SchedulerCounters()
         self.log = StepLog(self)
         self.pace = DecodePace()
-        self.clock = time.perf_counter  # replaceable in tests
         self.last_step = StepTimes("", 0, 0.0, 0.0, 0.0)
         self.record_step_times = False  # fill last_step each step (the loop trace turns it on)
         # What the loop is in the middle of, as (verb, batch mode): the watchdog names it when a
@@ -277,7 +276,7 @@ class Scheduler:
         self.doing = ("schedule", "")
         if self.grammar is not None:
             self.waiting.extend(self.grammar.ready(self))
-        t0 = time.perf_counter()  # not self.clock: tests script that one
+        t0 = time.perf_counter()
         batch = self.schedule()
         late_mask: Future[Any] | None = None
         t1 = time.perf_counter()
@@ -346,7 +345,6 @@ class Scheduler:
 
     def launch(self, batch: ScheduledBatch, vocab_mask: Any = None) -> Future[Any]:
         assert batch.kind is not None, "a batch is built by its step kind"
-        batch.launched_at = self.clock()  # DecodePace: where its time starts at the latest
         return batch.kind.launch(batch, vocab_mask)
 
     def _process_oldest(self) -> None:

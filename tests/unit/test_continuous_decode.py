@@ -161,11 +161,11 @@ def test_write_decode_slots_fills_every_step_of_every_row():
 
 
 def test_a_budget_sets_the_steps_from_the_measured_step_time():
-    """With a budget the steps per launch follow the step time: a clock that moves 1 ms per
-    forward step and a 3.5 ms budget give launches of 3 steps once one step was timed, where the
-    cap alone would give 8; tokens as with single steps."""
+    """With a budget the steps per launch follow the step time: a device clock that moves 1 ms
+    per forward step and a 3.5 ms budget give launches of 3 steps once one step was timed, where
+    the cap alone would give 8; tokens as with single steps."""
     h, launched = harness(steps=8, overlap=False, decode_budget_s=3.5e-3)
-    h.s.clock = lambda: h.runner.steps * 1e-3
+    h.s.worker.timer.clock = lambda: h.runner.steps * 1e-3
     h.add("a", list(range(100, 110)), max_new=30)
     h.run()
     assert h.outputs()["a"] == expected(10, 30)
@@ -178,16 +178,35 @@ def test_a_budget_sets_the_steps_from_the_measured_step_time():
 
 def test_a_slow_step_keeps_single_steps_and_neither_prefills_nor_host_work_count_as_decode():
     h, launched = harness(steps=8, overlap=False, decode_budget_s=3.5e-3)
-    h.s.clock = lambda: h.runner.steps * 5e-3  # 5 ms a step: over the budget
+    h.s.worker.timer.clock = lambda: h.runner.steps * 5e-3  # 5 ms a step: over the budget
     h.add("a", list(range(100, 110)), max_new=12)
     h.s.step()  # the prefill: not a decode step
-    assert h.s.pace.per_step is None and h.s.pace._last == pytest.approx(5e-3)
-    h.s.step()  # a decode launch, timed from its launch to its processing
+    assert h.s.pace.per_step is None
+    h.s.step()  # a decode launch: its step timed
     assert h.s.pace.per_step == pytest.approx(5e-3)
     h.run()
     assert h.outputs()["a"] == expected(10, 12)
     assert set(launched) == {1}
     assert h.s.pace.per_step == pytest.approx(5e-3)
+
+
+def test_a_fixed_cost_per_launch_does_not_shorten_the_launches():
+    """Host work around each launch (here 10 ms, more than the budget) is not a step's: with
+    1 ms steps and a 4.5 ms budget every launch after the first carries 4 steps."""
+    h, launched = harness(steps=8, overlap=False, decode_budget_s=4.5e-3)
+    host = {"ms": 0.0}
+    h.s.worker.timer.clock = lambda: h.runner.steps * 1e-3 + host["ms"] * 1e-3
+    submit = h.s.worker.submit
+
+    def slow_host(fi, future_ids):
+        host["ms"] += 10.0  # a launch's build and hand-off, outside its steps
+        return submit(fi, future_ids)
+
+    h.s.worker.submit = slow_host
+    h.add("a", list(range(100, 110)), max_new=40)
+    h.run()
+    assert h.outputs()["a"] == expected(10, 40)
+    assert launched[0] == 1 and set(launched[1:-1]) == {4}
 
 
 def test_a_logged_launch_names_its_step_count(caplog):

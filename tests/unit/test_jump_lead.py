@@ -54,6 +54,36 @@ def test_lead_launches_carry_the_jumps_and_keep_every_token_the_models(overlap, 
     assert h.s.stats.jump_stale_tokens == 0
 
 
+def test_the_decode_pace_times_a_lead_launchs_decode_steps_only():
+    """A lead launch's first pass is an extend: its output's step time covers the decode steps
+    behind it, and every plain decode launch is timed whole; prefills are not timed."""
+    h = lead_harness(overlap=False, steps=4)
+    submitted = []
+    submit = h.s.worker.submit
+
+    def record(fi, future_ids):
+        fut = submit(fi, future_ids)
+        submitted.append((fi, fut))
+        return fut
+
+    h.s.worker.submit = record
+    for i, p in enumerate(PROMPTS):
+        add(h, f"r{i}", p, 40)
+    h.run()
+    kinds = set()
+    for fi, fut in submitted:
+        took = fut.result().step_time
+        if fi.then is not None:  # a lead launch
+            kinds.add("lead")
+            assert took is not None and took.steps == fi.then.decode_steps
+        elif fi.mode.name == "DECODE":
+            kinds.add("decode")
+            assert took is not None and took.steps == fi.decode_steps
+        else:
+            assert took is None
+    assert kinds == {"lead", "decode"}
+
+
 def test_a_forced_run_longer_than_the_lead_shape_takes_the_prefill_step():
     """Rows whose forced run does not fit ``jump_lead_tokens`` extend in a pass of their own."""
     h = lead_harness(overlap=False, steps=4, tokens=len(FORCED))  # the run plus the kept token: 5

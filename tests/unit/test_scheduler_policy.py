@@ -235,25 +235,35 @@ def test_continuous_decode_plan_resolves_auto_per_device():
     assert continuous_decode_plan(4, 2.0, device_type="cuda", speculative=True) == (4, 0.002)
 
 
-def test_decode_pace_times_each_decode_launch_from_when_it_could_start():
+def test_decode_pace_averages_the_device_time_of_each_launchs_steps():
+    from phloem.runtime.forward_io import StepTime
     from phloem.runtime.scheduler.policy import DecodePace
 
     pace = DecodePace()
     assert pace.steps_within(0.008, 8) == 1  # nothing measured yet
-    pace.decode_processed(1.003, 1, launched_at=1.001)  # alone: from its launch, 2 ms
+    pace.decode_processed(None)  # an untimed launch is no sample
+    assert pace.per_step is None and pace.steps_within(0.008, 8) == 1
+    pace.decode_processed(StepTime(1, lambda: 0.002))
     assert pace.per_step == pytest.approx(0.002)
     assert pace.steps_within(0.008, 8) == 4
-    # launched at 1.002 behind the first (overlap): it ran from that one's processing at 1.003
-    pace.decode_processed(1.007, 4, launched_at=1.002)  # 4 steps in 4 ms: 1 ms a step, averaged in
+    pace.decode_processed(StepTime(4, lambda: 0.004))  # 4 steps in 4 ms: 1 ms a step, averaged in
     assert pace.per_step == pytest.approx(0.002 + DecodePace.ALPHA * (0.001 - 0.002))
-    # a prefill processed at 2.0; a decode queued behind it is timed from there, not from 1.007
-    pace.other_processed(2.0)
-    pace.decode_processed(2.001, 1, launched_at=1.999)
-    assert pace.per_step == pytest.approx(0.00175 + DecodePace.ALPHA * (0.001 - 0.00175))
-    # an extend, then a decode launched after it was processed (jump-forward without overlap):
-    # the host's work in between and any idle time are not the decode's
-    pace.other_processed(3.0)
     before = pace.per_step
-    pace.decode_processed(5.001, 1, launched_at=5.0)
-    assert pace.per_step == pytest.approx(before + DecodePace.ALPHA * (0.001 - before))
+    pace.decode_processed(StepTime(0, lambda: 1.0))  # no steps timed (a lead launch of one pass)
+    assert pace.per_step == before
     assert pace.steps_within(0.001, 8) == 1 and pace.steps_within(1.0, 8) == 8
+    pace.decode_processed(StepTime(2, lambda: 0.0))  # faster than the clock resolves: the cap
+    assert pace.steps_within(0.008, 8) >= 6
+
+
+def test_step_timer_times_the_steps_queued_between_its_marks():
+    from phloem.runtime.executor.step_timer import StepTimer
+
+    now = [1.0]
+    timer = StepTimer("cpu", clock=lambda: now[0])
+    assert not timer.cuda
+    mark = timer.start()
+    now[0] = 1.006
+    took = timer.stop(mark, 3)
+    now[0] = 9.0  # reading later (after the tokens) does not move it
+    assert took.steps == 3 and took.read() == pytest.approx(0.006)

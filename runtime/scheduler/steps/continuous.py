@@ -61,17 +61,14 @@ class ContinuousDecodeStep:
     def launch(self, batch: ScheduledBatch, vocab_mask: Any) -> Future[Any]:
         return launch_forward(self.s, batch, vocab_mask)
 
-    def process(self, batch: ScheduledBatch, fut: Future[Any], *, paced: bool = True) -> None:
+    def process(self, batch: ScheduledBatch, fut: Future[Any]) -> None:
         """Each row's tokens from every step, appended at once; stops are checked over all of
         them, and tokens past a stop are dropped (their KV slots are freed with the request,
-        past ``kv_len``'s known tokens). ``paced``: the launch's time per step is a decode
-        step's (``DecodePace``); a jump's lead launch, whose first pass is an extend, is not."""
+        past ``kv_len``'s known tokens)."""
         s = self.s
-        per_step = fut.result().synchronize_steps()
-        if paced:
-            s.pace.decode_processed(s.clock(), batch.decode_steps, batch.launched_at)
-        else:
-            s.pace.other_processed(s.clock())
+        out = fut.result()
+        per_step = out.synchronize_steps()
+        s.pace.decode_processed(out.step_time)
         s.release_deferred()
         steps = len(per_step)
         kept = 0

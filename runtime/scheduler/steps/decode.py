@@ -70,7 +70,7 @@ class DecodeStep:
         s = self.s
         out = fut.result()
         tokens = out.synchronize()
-        s.pace.decode_processed(s.clock(), 1, batch.launched_at)
+        s.pace.decode_processed(out.step_time)
         # Requests that finished while this step was queued are released now that it is done.
         s.release_deferred()
         if self.is_plain(batch, out):

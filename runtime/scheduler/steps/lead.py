@@ -139,5 +139,4 @@ class JumpLeadStep:
         return s.worker.submit(lead, future_ids)
 
     def process(self, batch: ScheduledBatch, fut: Future[Any]) -> None:
-        # not a decode pace sample: its first pass is an extend, dearer than a decode step
-        self._continuous.process(batch, fut, paced=False)
+        self._continuous.process(batch, fut)  # the decode pace times the steps after the lead pass

@@ -228,7 +228,6 @@ class PrefillStep:
         s = self.s
         out = fut.result()
         tokens = out.synchronize()
-        s.pace.other_processed(s.clock())
         # Requests that finished while this step was queued are released now that it is done.
         s.release_deferred()
         process_rows(s, batch, out, tokens)
