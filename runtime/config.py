@@ -116,7 +116,8 @@ class EngineArgs:
         "1 elsewhere and with speculation)",
     )  # fmt: skip
     continuous_decode_budget_ms: float | None = _opt(
-        None, "time one launch of several plain decode steps may take, at the measured step time "
+        None, "device time one launch of several plain decode steps may take, at the measured device time "
+        "per step "
         "(default: 8 on CUDA when the step count is auto; none when a count is given)",
     )  # fmt: skip
     stream_interval: int = _opt(1, "send streaming output every N tokens")

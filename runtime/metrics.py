@@ -37,7 +37,7 @@ SCHEDULER_GAUGES: dict[str, str] = {
     "cache_hit_rate": "Prefix cache hit rate (cached / prompt tokens) of recent prefills",
     "gen_throughput": "Decode throughput in tokens per second",
     "spec_accept_length": "Mean accepted draft length per verify step",
-    "decode_step_ms": "Measured wall time of one decode step, which sets continuous decode's steps per launch",
+    "decode_step_ms": "Measured device time of one decode step, which sets continuous decode's steps per launch",
 }
 # name -> help. How fresh the scheduler's figures are (set by ``ServerMetrics`` itself).
 FRESHNESS_GAUGES: dict[str, str] = {
