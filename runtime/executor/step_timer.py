@@ -19,7 +19,9 @@ from phloem.runtime.forward_io import StepTime
 
 
 class StepTimer:
-    def __init__(self, device: torch.device | str | None, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(
+        self, device: torch.device | str | None, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
         self.cuda = device is not None and torch.device(device).type == "cuda"
         self.clock = clock
 
