@@ -152,7 +152,12 @@ PROMPTS = [list(range(100 + i, 100 + i + n)) for i, n in enumerate([5, 17, 40, 3
 def run(
     *, overlap: bool, steps: int = 1, on_device: bool = False, max_new: int = 40, **kw
 ) -> dict[str, list[int]]:
-    h = harness(overlap=overlap, steps=steps, on_device=on_device, **kw)
+    return run_prompts(harness(overlap=overlap, steps=steps, on_device=on_device, **kw), max_new)
+
+
+def run_prompts(h: Harness, max_new: int = 40) -> dict[str, list[int]]:
+    """``PROMPTS`` through ``h`` to the end: every output runs its full length, every sampled
+    token is the model's own, rows jumped, and ``Harness.run`` finds the pool whole."""
     for i, p in enumerate(PROMPTS):
         add(h, f"r{i}", p, max_new)
     h.run()

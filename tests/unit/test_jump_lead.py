@@ -10,7 +10,15 @@ import random
 
 import pytest
 
-from tests.unit.test_jump_forward_overlap import FORCED, PROMPTS, add, check_output, harness, random_traffic
+from tests.unit.test_jump_forward_overlap import (
+    FORCED,
+    PROMPTS,
+    add,
+    check_output,
+    harness,
+    random_traffic,
+    run_prompts,
+)
 
 
 def lead_harness(*, overlap: bool, steps: int, rows: int = 32, tokens: int = 16, **kw):
@@ -38,14 +46,7 @@ def launches(h) -> list[tuple[str, int, int]]:
 def test_lead_launches_carry_the_jumps_and_keep_every_token_the_models(overlap, steps):
     h = lead_harness(overlap=overlap, steps=steps)
     seen = launches(h)
-    for i, p in enumerate(PROMPTS):
-        add(h, f"r{i}", p, 40)
-    h.run()  # checks that every slot came back
-    out = h.outputs()
-    for i, p in enumerate(PROMPTS):
-        assert len(out[f"r{i}"]) == 40
-        check_output(p, out[f"r{i}"])
-    assert any(FORCED[0] in o for o in out.values())
+    run_prompts(h)
     leads = [x for x in seen if x[0] == "JumpLeadStep"]
     assert leads and h.s.stats.jump_lead_launches == len(leads)
     # after the prompts, jumped rows never get an extend pass of their own

@@ -14,7 +14,7 @@ from phloem.runtime.sampling.params import SamplingParams
 from phloem.runtime.sampling.stop import StopChecker
 from phloem.runtime.scheduler.req import Req
 
-from tests.unit.test_jump_forward_overlap import FORCED, PROMPTS, add, check_output, harness, random_traffic
+from tests.unit.test_jump_forward_overlap import PROMPTS, harness, random_traffic, run_prompts
 from tests.unit.test_scheduler_loop import EOS
 
 
@@ -48,14 +48,7 @@ def watch(h) -> dict[str, list]:
 def test_split_launches_alternate_halves_and_keep_every_token_the_models(steps, lead):
     h = split_harness(steps=steps, lead=lead)
     seen = watch(h)
-    for i, p in enumerate(PROMPTS):
-        add(h, f"r{i}", p, 40)
-    h.run()  # checks that every slot came back
-    out = h.outputs()
-    for i, p in enumerate(PROMPTS):
-        assert len(out[f"r{i}"]) == 40
-        check_output(p, out[f"r{i}"])
-    assert any(FORCED[0] in o for o in out.values()) and h.s.grammar.jumps > 0
+    run_prompts(h)
     assert h.s.stats.jump_stale_tokens == 0  # no launch was thrown away
     decodes = [rows for kind, rows in seen["launches"] if kind != "PrefillStep"]
     assert max(map(len, decodes)) <= (len(PROMPTS) + 1) // 2 + (len(PROMPTS) if lead else 0)
