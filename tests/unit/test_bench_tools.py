@@ -148,3 +148,42 @@ def test_step_trace_records_what_each_step_launched(monkeypatch):
         [1.0, "-", 0, 0, 0, 0, False],
     ]
     assert s.launch(decode) == ("launched", 6) and "launch" not in vars(s)
+
+
+def test_jump_forward_ab_ratios_are_taken_within_each_round():
+    """``jump_forward_ab.summarize``: each variant against ``base`` of the same round (a slow
+    round slows both), the median of those ratios; a round without ``base`` has no ratio."""
+    from phloem.bench.gpu.jump_forward_ab import summarize
+
+    def row(variant, rnd, rps, batch=32):
+        return {"variant": variant, "batch": batch, "round": rnd, "requests_per_s": rps}
+
+    rows = [row("base", 0, 100.0), row("jf", 0, 130.0), row("base", 1, 50.0), row("jf", 1, 60.0),
+            row("jf", 2, 500.0), row("base", 0, 10.0, batch=1), row("lead", 0, 14.0, batch=1)]  # fmt: skip
+    out = summarize(rows)
+    assert out["batch 32"]["jf"]["ratio_to_base"] == [1.3, 1.2, None]
+    assert out["batch 32"]["jf"]["median_ratio"] == 1.25
+    assert out["batch 32"]["base"]["median_ratio"] == 1.0
+    assert out["batch 1"]["lead"] == {"requests_per_s": [14.0], "ratio_to_base": [1.4], "median_ratio": 1.4}
+
+
+def test_jump_forward_ab_reads_the_launches_of_a_step_trace_and_builds_each_command():
+    from phloem.bench.gpu.jump_forward_ab import command, launch_shape, row_of
+
+    trace = [  # [wall_ms, kind, rows, decode_steps, longest_extend, extend_tokens, graph]
+        [20.0, "E", 32, 1, 128, 4096, False],
+        [5.0, "D", 32, 8, 1, 32, True],
+        [6.0, "D", 32, 7, 9, 120, True],  # a lead launch: jumped rows extend 9 tokens
+        [5.0, "D", 16, 8, 1, 16, True],
+    ]
+    assert launch_shape(trace) == {"decode_launches": 3, "lead_launches": 1, "steps_per_launch": {"7": 1, "8": 2}}
+    timing = {"requests_per_s": 300.123, "chars_per_s": 5e4, "tok_s": 2e4, "decode_tokens": 2000, "steps": 4,
+              "jump_forward_tokens": 900, "jump_stale_tokens": 0, "grammar_rejected": 0, "finish_kinds": ["stop"],
+              "step_trace": trace}  # fmt: skip
+    row = row_of("lead", 32, 1, {"timing": timing})
+    assert row["requests_per_s"] == 300.12 and row["lead_launches"] == 1 and row["jump_split_overlaps"] == 0
+    cmd = command("lead+split", 32, ["--decode-steps", "8"], "o.json")
+    assert cmd[cmd.index("--batch") + 1] == "32" and cmd[cmd.index("--repeats") + 1] == "3"
+    assert "--jump-forward" in cmd and cmd.index("--decode-steps") > cmd.index("--step-trace")
+    assert "--load-format" in cmd and "--load-format" not in command("base", 1, [], "o.json", dummy=False)
+    assert "--jump-forward" not in command("base", 1, [], "o.json")
