@@ -22,14 +22,15 @@ class StepTimer:
     def __init__(
         self, device: torch.device | str | None, clock: Callable[[], float] = time.perf_counter
     ) -> None:
-        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self.device = torch.device(device) if device is not None else None
+        self.cuda = self.device is not None and self.device.type == "cuda"
         self.clock = clock
 
     def start(self) -> Any:
         """A mark before the steps are queued."""
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))  # the runner's device, whatever the thread's
             return event
         return self.clock()
 
@@ -37,7 +38,7 @@ class StepTimer:
         """The ``steps`` queued since ``mark``; read their time once their tokens are read."""
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
-            end.record()
+            end.record(torch.cuda.current_stream(self.device))
 
             def read() -> float:
                 end.synchronize()  # recorded after the tokens' copy: done once they are, or just after

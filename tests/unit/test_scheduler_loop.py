@@ -254,3 +254,16 @@ def test_siblings_arriving_together_compute_their_stem_once(overlap):
     assert all(out[r.rid] == expected(102, 20) for r in reqs)
     # the first computes the stem; the others read it from the tree while it is still running
     assert sorted(r.cached_tokens for r in reqs)[1:] == [100, 100, 100]
+
+
+def test_the_forward_thread_runs_on_the_runners_cuda_device(monkeypatch):
+    """A new thread starts on CUDA device 0, whatever the process set: the forward thread of a
+    replica on another GPU sets the runner's device first, so stream-less calls there (a copy's
+    event, the step timer's) land on that GPU. A CPU runner sets nothing."""
+    from types import SimpleNamespace
+
+    seen: list[str] = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: seen.append(str(d)))
+    OverlapWorker(SimpleNamespace(device=torch.device("cuda:1")), FutureMap(8)).close()
+    OverlapWorker(SimpleNamespace(device=torch.device("cpu")), FutureMap(8)).close()
+    assert seen == ["cuda:1"]
