@@ -201,9 +201,8 @@ class OverlapWorker(InlineWorker):
     def _loop(self) -> None:
         # A thread starts on CUDA device 0 whatever the process set: on a replica's other GPU,
         # stream-less calls here (an event's record, the current stream) would go to device 0.
-        device = getattr(self.runner, "device", None)
-        if device is not None and torch.device(device).type == "cuda":
-            torch.cuda.set_device(torch.device(device))
+        if self.timer.cuda:
+            torch.cuda.set_device(self.timer.device)  # the runner's
         while True:
             item = self._q.get()
             if item is None:
