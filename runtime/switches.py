@@ -119,10 +119,6 @@ JUMP_LEAD = Switch(
     "PHLOEM_JUMP_LEAD", bool, False,
     "extend a jump's forced tokens in the first pass of the next continuous decode launch, not a pass of their own",
 )  # fmt: skip
-JUMP_SPLIT = Switch(
-    "PHLOEM_JUMP_SPLIT", bool, False,
-    "with overlap, launch a batch that may jump as two halves of its rows in turn: one runs while the host processes the other",
-)  # fmt: skip
 # ---- files and diagnosis
 CACHE_DIR = Switch("PHLOEM_CACHE_DIR", str, "", "where downloaded models go (empty: ~/.cache/phloem)")
 LOOP_TRACE = Switch("PHLOEM_LOOP_TRACE", str, "", "write one line per busy scheduler iteration to this file")

@@ -1,12 +1,11 @@
 """Jump-forward against decoding without it, on a schema of long fixed keys, in one call.
 
     python3 benchmarks/gpu/jump_forward_ab.py --out OUT.json [--batches 1,8,32] [--rounds 2]
-        [--variants base,jf,lead,split,lead+split] [-- STEP_PROFILE_FLAGS ...]
+        [--variants base,jf,lead] [-- STEP_PROFILE_FLAGS ...]
 
 Every variant is one ``step_profile.py --grammar keys --window request --step-trace`` run: whole
 requests, prefill included, the same requests each time. ``base`` decodes without jump-forward;
-``jf`` turns it on; ``lead``, ``split`` and ``lead+split`` add ``PHLOEM_JUMP_LEAD=1`` and/or
-``PHLOEM_JUMP_SPLIT=1``. A round runs every variant of a batch size in turn, so a slow stretch of
+``jf`` turns it on; ``lead`` adds ``PHLOEM_JUMP_LEAD=1``. A round runs every variant of a batch size in turn, so a slow stretch of
 a noisy host falls on all of them, and each variant's ratio is taken against ``base`` of the
 same round. The figure is whole records a second (jump-forward writes forced text in fewer
 tokens than the model picks, so tokens a second undersell it); characters a second follow it.
@@ -42,10 +41,8 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "base": ([], {}),
     "jf": (["--jump-forward"], {}),
     "lead": (["--jump-forward"], {"PHLOEM_JUMP_LEAD": "1"}),
-    "split": (["--jump-forward"], {"PHLOEM_JUMP_SPLIT": "1"}),
-    "lead+split": (["--jump-forward"], {"PHLOEM_JUMP_LEAD": "1", "PHLOEM_JUMP_SPLIT": "1"}),
 }
-SWITCHES = ("PHLOEM_JUMP_LEAD", "PHLOEM_JUMP_SPLIT")
+SWITCHES = ("PHLOEM_JUMP_LEAD",)
 
 
 def repeats_for(batch: int) -> int:
@@ -73,7 +70,6 @@ def row_of(variant: str, batch: int, round_: int, result: dict[str, Any]) -> dic
         "requests_per_s": round(t["requests_per_s"], 2), "chars_per_s": round(t["chars_per_s"], 1),
         "tok_s": round(t["tok_s"], 1), "decode_tokens": t["decode_tokens"], "steps": t["steps"],
         "jump_forward_tokens": t["jump_forward_tokens"], "jump_stale_tokens": t["jump_stale_tokens"],
-        "jump_split_overlaps": t.get("jump_split_overlaps", 0),
         "pace_step_ms": round(t.get("pace_step_ms", 0.0), 3),
         "grammar_rejected": t["grammar_rejected"], "finish_kinds": t["finish_kinds"],
         **launch_shape(t.get("step_trace") or []),

@@ -245,7 +245,6 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     which can take fewer tokens than the model would pick, so tokens/s alone would undersell it."""
     jumped, stale, passes = s.stats.jump_forward_tokens, s.stats.jump_stale_tokens, _extend_passes(s)
     skipped, syncs = _skipped_steps(s), _near_end_syncs(s)
-    split = getattr(s.stats, "jump_split_overlaps", 0)
     clock = getattr(s, "_worker_clock", None)
     worker_start = clock.seconds if clock is not None else 0.0
     gc_mark = len(GC.pauses)
@@ -276,7 +275,6 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "extend_graph_passes": _extend_passes(s) - passes,  # jumps' extends replayed from graphs
         "skipped_steps": _skipped_steps(s) - skipped,  # early exit: forwards not run after every stop
         "near_end_syncs": _near_end_syncs(s) - syncs,  # batches processed at once near their end
-        "jump_split_overlaps": getattr(s.stats, "jump_split_overlaps", 0) - split,  # PHLOEM_JUMP_SPLIT
         # the device time of a decode step measured at the window's end (sets a launch's steps)
         "pace_step_ms": (getattr(getattr(s, "pace", None), "per_step", None) or 0.0) * 1e3,
         "tokens_per_step": tokens / max(steps, 1),
@@ -437,7 +435,6 @@ def merged(windows: list[dict[str, Any]]) -> dict[str, Any]:
     seconds = sum(w["seconds"] for w in windows)
     for key in ("seconds", "decode_tokens", "steps", "chars", "skipped_steps", "jump_forward_tokens",
                 "jump_stale_tokens", "extend_graph_passes", "grammar_rejected", "near_end_syncs",
-                "jump_split_overlaps",
                 "gc_full_collections", "gc_pause_ms_total"):  # fmt: skip
         if key in out:
             out[key] = sum(w[key] for w in windows)

@@ -85,10 +85,6 @@ class SchedulerConfig:
     # ``jump_lead_tokens`` new tokens each (the short extend graphs' shape); 0: never.
     jump_lead_rows: int = 0
     jump_lead_tokens: int = 0
-    # With overlap: while a constrained row decodes, each decode launch takes only rows with no
-    # launch in flight, at most half of the rows (``steps.decode.live_rows``), so a batch that may
-    # jump stays in flight while the other half's launch is built (``PHLOEM_JUMP_SPLIT``).
-    jump_split: bool = False
     # Decode steps launched as one (``--num-continuous-decode-steps``): see ``steps.continuous``.
     decode_steps: int = 1
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
@@ -291,22 +287,18 @@ class Scheduler:
         t2 = time.perf_counter()
         # Without overlap: process what was just launched. With overlap: keep one step in flight,
         # except for a step whose requests may jump forward unless ``jump_overlap`` (a request
-        # that jumps while its next launch is in flight throws that launch away: _jump_forward),
-        # for an extend pass, ``jump_extend_overlap`` (its rows then wait to jump), or
-        # ``jump_split`` (no launch takes a row that has one in flight: live_rows).
+        # that jumps while its next launch is in flight throws that launch away: _jump_forward)
+        # or, for an extend pass, ``jump_extend_overlap`` (its rows then wait to jump).
         overlap = (
             self.cfg.overlap
             and batch is not None
             and (
                 self.cfg.jump_overlap
-                or self.cfg.jump_split
                 or (self.cfg.jump_extend_overlap and batch.is_prefill)
                 or not self._may_jump(batch)
             )
             and not self._may_all_end(batch)
         )
-        if overlap and self.cfg.jump_split and self._may_jump(batch):
-            self.stats.jump_split_overlaps += 1
         keep = 1 if overlap else 0
         while len(self.inflight) > keep:
             self._process_oldest()
@@ -736,7 +728,6 @@ class Scheduler:
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "jump_forward_stale_tokens_total": s.jump_stale_tokens,
             "jump_lead_launches_total": s.jump_lead_launches,
-            "jump_split_overlaps_total": s.jump_split_overlaps,
             "continuous_decode_steps_total": s.continuous_decode_steps,
             "decode_steps_skipped_total": self.decode_steps_skipped(),
             "near_end_syncs_total": s.near_end_syncs,

@@ -148,25 +148,3 @@ def test_jump_lead_extends_forced_keys_inside_the_decode_launch(monkeypatch):
         assert o["meta_info"]["finish_reason"]["type"] == "stop", o
         jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
         assert tok.decode(o["output_ids"]).startswith(o["text"])
-
-
-def test_jump_split_alternates_halves_under_the_overlap_loop(monkeypatch):
-    """``PHLOEM_JUMP_SPLIT`` with lead launches under the overlap loop: a launch whose rows may
-    jump stays in flight while the other half of the rows launches. Outputs stay valid and the
-    canonical tokenization, no launch is thrown away, and the overlapped launches were counted."""
-    prompts = [
-        "Write a customer record as JSON:", "A customer who prefers email:", "Customer data:",
-        "One more customer, as JSON:",
-    ]  # fmt: skip
-    monkeypatch.setenv("PHLOEM_JUMP_LEAD", "1")  # read by the scheduler process
-    monkeypatch.setenv("PHLOEM_JUMP_SPLIT", "1")
-    outs, info, tok = _continuous_run(LONG_KEYS, prompts, max_new=160, steps=4, enable_cpu_overlap_schedule=True)
-    live = info["live"]
-    assert info["overlap_schedule"] is True
-    assert live["jump_split_overlaps_total"] > 0 and live["jump_lead_launches_total"] > 0
-    assert live["jump_forward_tokens_total"] > 20
-    assert live["jump_forward_stale_tokens_total"] == 0
-    for o in outs:
-        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
-        jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
-        assert tok.decode(o["output_ids"]).startswith(o["text"])

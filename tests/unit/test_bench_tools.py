@@ -181,8 +181,8 @@ def test_jump_forward_ab_reads_the_launches_of_a_step_trace_and_builds_each_comm
               "jump_forward_tokens": 900, "jump_stale_tokens": 0, "grammar_rejected": 0, "finish_kinds": ["stop"],
               "step_trace": trace}  # fmt: skip
     row = row_of("lead", 32, 1, {"timing": timing})
-    assert row["requests_per_s"] == 300.12 and row["lead_launches"] == 1 and row["jump_split_overlaps"] == 0
-    cmd = command("lead+split", 32, ["--decode-steps", "8"], "o.json")
+    assert row["requests_per_s"] == 300.12 and row["lead_launches"] == 1
+    cmd = command("lead", 32, ["--decode-steps", "8"], "o.json")
     assert cmd[cmd.index("--batch") + 1] == "32" and cmd[cmd.index("--repeats") + 1] == "3"
     assert "--jump-forward" in cmd and cmd.index("--decode-steps") > cmd.index("--step-trace")
     assert "--load-format" in cmd and "--load-format" not in command("base", 1, [], "o.json", dummy=False)

@@ -27,15 +27,8 @@ def decode_fields(s: Scheduler, batch: ScheduledBatch, *, extend: int) -> Schedu
 
 
 def live_rows(s: Scheduler) -> list[Req]:
-    """Running requests that still need a token. Under ``jump_split`` while one of them is
-    constrained, only those with no launch in flight, at most half of them: a launch that may
-    jump then stays in flight while the other half's launch is built from tokens the host has
-    seen, and a row jumps only when it has no launch in flight (the halves alternate)."""
-    rows = [r for r in s.running if r.wants_token]
-    if not s.cfg.jump_split or not any(r.grammar is not None for r in rows):
-        return rows
-    free = [r for r in rows if not r.pending_outputs]
-    return free[: (len(rows) + 1) // 2]
+    """Running requests that still need a token."""
+    return [r for r in s.running if r.wants_token]
 
 
 class DecodeStep:
