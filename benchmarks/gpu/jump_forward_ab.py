@@ -5,15 +5,16 @@
 
 Every variant is one ``step_profile.py --grammar keys --window request --step-trace`` run: whole
 requests, prefill included, the same requests each time. ``base`` decodes without jump-forward;
-``jf`` turns it on; ``lead`` adds ``PHLOEM_JUMP_LEAD=1``. A round runs every variant of a batch size in turn, so a slow stretch of
-a noisy host falls on all of them, and each variant's ratio is taken against ``base`` of the
-same round. The figure is whole records a second (jump-forward writes forced text in fewer
-tokens than the model picks, so tokens a second undersell it); characters a second follow it.
+``jf`` turns it on; ``lead`` adds ``PHLOEM_JUMP_LEAD=1``. A round runs every variant of a batch size
+in turn, so a slow stretch of a noisy host falls on all of them, and each variant's ratio is taken
+against ``base`` of the same round. The figure is whole records a second (jump-forward writes forced
+text in fewer tokens than the model picks, so tokens a second undersell it); characters a second
+follow it.
 
 Flags after ``--`` go to every ``step_profile.py`` run after the defaults (later ones win), e.g.
 ``--real-model -- --device cpu --dtype float32 --cpu-overlap --decode-steps 8 --grammar-on-device
-on`` on the CPU. Only
-``OUT.json`` is written (each run's own file goes to a temporary folder): one file per call.
+on`` on the CPU. Only ``OUT.json`` is written (each run's own file goes to a temporary folder): one
+file per call.
 """
 
 from __future__ import annotations
