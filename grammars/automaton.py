@@ -86,6 +86,23 @@ class TokenAutomaton:
         return dataclasses.replace(self, masks=masks, forced=forced)
 
     @functools.cached_property
+    def chain(self) -> np.ndarray:
+        """``[S]`` int32: the one token each state's mask allows, where it allows exactly one
+        and that token continues the text (a stop token never does); -1 elsewhere. Decoding
+        such a state gives that token whatever the logits say, so a chain decode launch takes it
+        without sampling (``runtime/executor/chain_decode.py``)."""
+        src = self.keys // self.vocab_size
+        out = np.full(self.num_states, -1, dtype=np.int32)
+        alone = np.bincount(src, minlength=self.num_states) == 1
+        first = np.searchsorted(src, np.arange(self.num_states))  # each state's first transition
+        one = np.flatnonzero(alone)
+        go = self.targets[first[one]] >= 0
+        out[one[go]] = (self.keys[first[one[go]]] % self.vocab_size).astype(np.int32)
+        if self.forced is not None:  # the mask of a forcing state allows its forced token alone
+            out = np.where(self.forced >= 0, self.forced, out).astype(np.int32)
+        return out
+
+    @functools.cached_property
     def steps_to_stop(self) -> np.ndarray:
         """``[S]`` int32: the fewest tokens from each state to the end, the stop token included
         (1 in a state that may stop; ``UNREACHABLE`` where no path ends). A lower bound on what
@@ -216,6 +233,7 @@ class TableSnapshot:
     keys: torch.Tensor  # [sum T + 1] int64, sorted, ending with a sentinel larger than any key
     targets: torch.Tensor  # [sum T + 1] int32 global next state (FREE after a stop token)
     vocab_size: int
+    chain: torch.Tensor  # [1 + sum S] int32 the one token a state allows (TokenAutomaton.chain), or -1
 
     def mask_rows(self, states: torch.Tensor) -> torch.Tensor:
         """Bitmask rows ``[B, W]`` of global states ``[B]``."""
@@ -305,12 +323,13 @@ class AutomatonTable:
     def _upload(self) -> TableSnapshot:
         words = (self.vocab_size + 31) // 32
         masks = [np.full((1, words), -1, dtype=np.int32)]
-        keys, targets = [], []
+        keys, targets, chains = [], [], [np.full(1, -1, dtype=np.int32)]
         offset = 1
         for a in self._host:
             masks.append(a.masks)
             keys.append(a.keys + offset * self.vocab_size)
             targets.append(np.where(a.targets < 0, FREE, a.targets + offset).astype(np.int32))
+            chains.append(a.chain)
             offset += a.num_states
         keys.append(np.array([np.iinfo(np.int64).max], dtype=np.int64))
         targets.append(np.zeros(1, dtype=np.int32))
@@ -319,6 +338,7 @@ class AutomatonTable:
             keys=torch.from_numpy(np.concatenate(keys)).to(self.device),
             targets=torch.from_numpy(np.concatenate(targets)).to(self.device),
             vocab_size=self.vocab_size,
+            chain=torch.from_numpy(np.concatenate(chains)).to(self.device),
         )
         if self.device.type == "cuda":  # steps on the forward thread's stream read these next
             torch.cuda.synchronize(self.device)

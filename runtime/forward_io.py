@@ -117,6 +117,10 @@ class ForwardInput:
     # A jump-forward lead pass (EXTEND, ``scheduler.steps.lead``): the continuous decode steps run
     # right after it, reading its sampled tokens on the device (their ``input_ids`` are ignored).
     then: ForwardInput | None = None
+    # A chain decode launch (``executor/chain_decode.py``): a DECODE batch of ``decode_steps`` steps
+    # whose every step is a chain pass of this many nodes a row (its forced tokens taken on the
+    # device); ``req_to_token`` holds slots for ``decode_steps * chain_width`` positions a row.
+    chain_width: int = 0
     # EXTEND: (query-key pairs over cached prefixes, pairs among the new tokens), counted from
     # the host's lengths when the batch moves to the device (``to``), where they can no longer be
     # read without waiting for the stream. The Triton backend picks its key tiles from them.
@@ -257,6 +261,9 @@ class ForwardOutput:
     steps: list[ForwardOutput] | None = None
     # The device time of the decode steps it carries (set by the worker; None for other passes)
     step_time: StepTime | None = None
+    # A chain decode launch: every step's tokens ``[K, B, W]`` (-1 after each row's count) and
+    # counts ``[K, B]``, host tensors valid once ``copy_done`` fired.
+    chain: tuple[torch.Tensor, torch.Tensor] | None = None
     _logprobs: list[TokenLogprobs] | None = field(default=None, init=False, repr=False)
 
     @property

@@ -115,6 +115,10 @@ JUMP_EXTEND_OVERLAP = Switch(
     "PHLOEM_JUMP_EXTEND_OVERLAP", bool, False,
     "overlap the extend passes of batches that may jump; a row jumps only once no launch of it is in flight",
 )  # fmt: skip
+JUMP_CHAIN = Switch(
+    "PHLOEM_JUMP_CHAIN", int, 0,
+    "nodes a row in chain decode launches: forced tokens taken on the device, W - 1 a step (0: off)",
+)  # fmt: skip
 JUMP_LEAD = Switch(
     "PHLOEM_JUMP_LEAD", bool, False,
     "extend a jump's forced tokens in the first pass of the next continuous decode launch, not a pass of their own",

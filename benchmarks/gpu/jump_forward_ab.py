@@ -42,8 +42,9 @@ VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "base": ([], {}),
     "jf": (["--jump-forward"], {}),
     "lead": (["--jump-forward"], {"PHLOEM_JUMP_LEAD": "1"}),
+    "chain": (["--jump-forward"], {"PHLOEM_JUMP_CHAIN": "8"}),
 }
-SWITCHES = ("PHLOEM_JUMP_LEAD",)
+SWITCHES = ("PHLOEM_JUMP_LEAD", "PHLOEM_JUMP_CHAIN")
 
 
 def repeats_for(batch: int) -> int:
@@ -71,6 +72,7 @@ def row_of(variant: str, batch: int, round_: int, result: dict[str, Any]) -> dic
         "requests_per_s": round(t["requests_per_s"], 2), "chars_per_s": round(t["chars_per_s"], 1),
         "tok_s": round(t["tok_s"], 1), "decode_tokens": t["decode_tokens"], "steps": t["steps"],
         "jump_forward_tokens": t["jump_forward_tokens"], "jump_stale_tokens": t["jump_stale_tokens"],
+        "chain_forced_tokens": t.get("chain_forced_tokens", 0),
         "pace_step_ms": round(t.get("pace_step_ms", 0.0), 3),
         "grammar_rejected": t["grammar_rejected"], "finish_kinds": t["finish_kinds"],
         **launch_shape(t.get("step_trace") or []),

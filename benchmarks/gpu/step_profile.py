@@ -244,6 +244,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
     the output's characters too: jump-forward writes forced text in the tokenizer's own spelling,
     which can take fewer tokens than the model would pick, so tokens/s alone would undersell it."""
     jumped, stale, passes = s.stats.jump_forward_tokens, s.stats.jump_stale_tokens, _extend_passes(s)
+    chained = s.stats.chain_forced_tokens
     skipped, syncs = _skipped_steps(s), _near_end_syncs(s)
     clock = getattr(s, "_worker_clock", None)
     worker_start = clock.seconds if clock is not None else 0.0
@@ -272,6 +273,7 @@ def drive_requests(s: Any, reqs: list[Any], tokenizer: Any) -> dict[str, Any]:
         "chars": chars, "chars_per_s": chars / total, "requests_per_s": len(reqs) / total,
         "jump_forward_tokens": s.stats.jump_forward_tokens - jumped,
         "jump_stale_tokens": s.stats.jump_stale_tokens - stale,  # in flight at a jump, thrown away
+        "chain_forced_tokens": s.stats.chain_forced_tokens - chained,  # taken by chain launches
         "extend_graph_passes": _extend_passes(s) - passes,  # jumps' extends replayed from graphs
         "skipped_steps": _skipped_steps(s) - skipped,  # early exit: forwards not run after every stop
         "near_end_syncs": _near_end_syncs(s) - syncs,  # batches processed at once near their end
@@ -434,7 +436,7 @@ def merged(windows: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(windows[0])
     seconds = sum(w["seconds"] for w in windows)
     for key in ("seconds", "decode_tokens", "steps", "chars", "skipped_steps", "jump_forward_tokens",
-                "jump_stale_tokens", "extend_graph_passes", "grammar_rejected", "near_end_syncs",
+                "jump_stale_tokens", "chain_forced_tokens", "extend_graph_passes", "grammar_rejected", "near_end_syncs",
                 "gc_full_collections", "gc_pause_ms_total"):  # fmt: skip
         if key in out:
             out[key] = sum(w[key] for w in windows)

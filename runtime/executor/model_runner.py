@@ -31,6 +31,7 @@ accuracy is measured: ``docs/benchmarks.md`` ("fp8 KV cache").
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -76,6 +77,9 @@ _DEFAULT_MEM_FRACTION = {"cpu": 0.25, "cuda": 0.85}
 _PINNED_LOGPROB_BYTES = 256 << 20
 # Short extend passes (``extend_graph_tokens``) of up to this many requests replay graphs.
 EXTEND_GRAPH_MAX_BS = 32
+# Chain decode launches (``chain_width``) of up to this many rows replay graphs (larger batches
+# decode without chains).
+CHAIN_GRAPH_MAX_BS = 128
 
 
 @dataclass(frozen=True)
@@ -158,6 +162,7 @@ class ModelRunner:
         kv_cache_dtype: str = "auto",
         gemm_library: str = "auto",
         extend_graph_tokens: int = 0,
+        chain_width: int = 0,
     ) -> None:
         started = time.perf_counter()
         self.tp = get_tp()  # this process's tensor-parallel rank (one rank unless init_tp ran)
@@ -221,6 +226,16 @@ class ModelRunner:
                 self, width=extend_graph_tokens, max_bs=min(EXTEND_GRAPH_MAX_BS, self.max_running_requests)
             )
             self.extend_graphs.capture()
+        self.chain_decoder = None
+        if chain_width > 0 and self.tp.size == 1:
+            from phloem.runtime.executor.chain_decode import ChainDecoder
+
+            graphs = self.cuda_graphs is not None
+            self.chain_decoder = ChainDecoder(
+                self, width=chain_width,
+                max_bs=min(cuda_graph_max_bs, self.max_running_requests, CHAIN_GRAPH_MAX_BS) if graphs else 0,
+            )  # fmt: skip
+            self.chain_decoder.capture()
         if self.device.type == "cuda":
             from phloem.runtime.sampling.sampler import warm_up_kernels
 
@@ -521,6 +536,30 @@ class ModelRunner:
         return ForwardOutput(
             next_token_ids=tokens[-1], next_token_ids_cpu=cpu[-1], copy_done=event, steps=steps
         )
+
+    @torch.inference_mode()
+    def forward_chain(self, fi: ForwardInput) -> ForwardOutput:
+        """Chain decode batch ``fi`` (``chain_width > 0``, host tensors but its ids, which may be
+        on the device): ``decode_steps`` chain passes (:mod:`~phloem.runtime.executor.chain_decode`),
+        every row's tokens and counts read back in one copy. As in :meth:`forward_steps`, the
+        sampler sees each step's logits as :meth:`forward` would give them (the scheduler sends
+        such a batch only when no row's sampling changes between its steps)."""
+        assert self.chain_decoder is not None, "chain decode launches need chain_width at start-up"
+        if self.device.type == "cpu":
+            sampling = fi.sampling
+        else:
+            sampling = fi.with_sampling_on(self.device).sampling
+        sampling.vocab_mask = _resolve_mask(sampling.vocab_mask, self.device)
+        auto = sampling.automaton
+        if auto is not None:  # the first layout reads the starting states
+            auto.start(sampling.automaton_rows, sampling.automaton_init)
+        sampler = self.sampler
+        step_sampler = getattr(sampler, "step_sampler", None)
+        sample = step_sampler(sampling) if step_sampler is not None else lambda x: sampler(x, sampling)
+        ids, ids_cpu, tokens, counts, event = self.chain_decoder.run(
+            dataclasses.replace(fi, sampling=sampling), sample
+        )
+        return ForwardOutput(next_token_ids=ids, next_token_ids_cpu=ids_cpu, copy_done=event, chain=(tokens, counts))
 
     @torch.inference_mode()
     def forward_logits(self, fi: ForwardInput) -> torch.Tensor:

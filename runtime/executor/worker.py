@@ -120,6 +120,10 @@ class InlineWorker:
         fi.input_ids = self.future_map.resolve(fi.input_ids)
         if fi.then is not None:
             out = self._run_lead(fi)
+        elif fi.chain_width:
+            mark = self.timer.start()
+            out = self.runner.forward_chain(fi)
+            out.step_time = self.timer.stop(mark, fi.decode_steps)
         elif fi.mode is ForwardMode.DECODE:
             out = self._run_decode(fi, loads)
         else:

@@ -171,7 +171,17 @@ def model_runner(args: EngineArgs, source: Any) -> Any:
         gemm_library=args.gemm_library,
         # jump-forward extends each forced run (a JSON key) in one short pass: from a graph
         extend_graph_tokens=JUMP_GRAPH_TOKENS if jump_forward_on(args) else 0,
+        chain_width=chain_width(args),
     )
+
+
+def chain_width(args: EngineArgs) -> int:
+    """Nodes a row of chain decode launches (``PHLOEM_JUMP_CHAIN``): with jump-forward, grammars
+    that may run on the device and one rank; else 0 (none)."""
+    width = switches.JUMP_CHAIN.number()
+    if width <= 0 or not jump_forward_on(args) or args.grammar_on_device == "off" or args.tp_size > 1:
+        return 0
+    return max(width, 2)
 
 
 def jump_forward_on(args: EngineArgs) -> bool:
@@ -218,6 +228,7 @@ def _scheduler_config(args: EngineArgs, runner: Any) -> SchedulerConfig:
         jump_overlap=switches.JUMP_FORWARD_OVERLAP.flag(),
         jump_extend_overlap=switches.JUMP_EXTEND_OVERLAP.flag(),
         **_jump_lead_shape(runner, jump_forward and not speculative),
+        **_chain_shape(runner),
         decode_steps=decode_steps,
         decode_budget_s=decode_budget_s,
         decode_early_exit=getattr(getattr(runner, "cuda_graphs", None), "exit", None) is not None,
@@ -238,6 +249,20 @@ def _jump_lead_shape(runner: Any, jump_forward: bool) -> dict[str, int]:
 
         return {"jump_lead_rows": EXTEND_GRAPH_MAX_BS, "jump_lead_tokens": JUMP_GRAPH_TOKENS}
     return {}
+
+
+def _chain_shape(runner: Any) -> dict[str, int]:
+    """``jump_chain_width`` and ``jump_chain_rows``: the chain decoder's width and its largest
+    graph on CUDA (larger batches decode without chains: an eager chain pass costs more than it
+    saves), any batch on the CPU; nothing without a chain decoder."""
+    chains = getattr(runner, "chain_decoder", None)
+    if chains is None:
+        return {}
+    if runner.device.type == "cpu":
+        return {"jump_chain_width": chains.width, "jump_chain_rows": runner.max_running_requests}
+    if not chains.batch_sizes:
+        return {}
+    return {"jump_chain_width": chains.width, "jump_chain_rows": chains.batch_sizes[-1]}
 
 
 def speculative_shape(args: EngineArgs, device_type: str) -> tuple[int, int]:
@@ -357,7 +382,8 @@ def _grammar_queue(args: EngineArgs, tokenizer: Any, runner: Any, eos: set[int])
         stop_token_ids=eos,
         compile_timeout=args.grammar_compile_timeout,
         automata=automata,
-        canonical_forced_text=jump_forward_on(args) and switches.JUMP_FORWARD_DEVICE_SPELLING.flag(),
+        # chains follow forced text spelled the tokenizer's way (a state allowing one token)
+        canonical_forced_text=switches.JUMP_FORWARD_DEVICE_SPELLING.flag() or chain_width(args) > 0,
     )
 
 

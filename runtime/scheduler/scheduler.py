@@ -47,6 +47,7 @@ from phloem.runtime.scheduler.protocols import Cache, Grammar, ReqPool, Sampling
 from phloem.runtime.scheduler.req import Req, next_stop_tag
 from phloem.runtime.scheduler.stats import SchedulerCounters, StepLog, StepTimes
 from phloem.runtime.scheduler.steps import StepKind
+from phloem.runtime.scheduler.steps.chain import ChainDecodeStep
 from phloem.runtime.scheduler.steps.continuous import ContinuousDecodeStep
 from phloem.runtime.scheduler.steps.decode import DecodeStep
 from phloem.runtime.scheduler.steps.lead import JumpLeadStep
@@ -85,6 +86,11 @@ class SchedulerConfig:
     # ``jump_lead_tokens`` new tokens each (the short extend graphs' shape); 0: never.
     jump_lead_rows: int = 0
     jump_lead_tokens: int = 0
+    # Chain decode launches (``steps.chain``, ``PHLOEM_JUMP_CHAIN``): batches of at most
+    # ``jump_chain_rows`` rows whose every step takes up to ``jump_chain_width - 1`` forced tokens
+    # a row on the device; 0: never.
+    jump_chain_width: int = 0
+    jump_chain_rows: int = 0
     # Decode steps launched as one (``--num-continuous-decode-steps``): see ``steps.continuous``.
     decode_steps: int = 1
     # Device time such a launch may take, in seconds (0: always ``decode_steps``): see
@@ -166,7 +172,9 @@ class Scheduler:
             kinds.insert(0, JumpLeadStep(self))  # before the prefill step takes the jumped rows
         if self.spec is not None:
             kinds += [SpecWindowStep(self, self.spec), SpecStep(self, self.spec)]
-        elif self.cfg.decode_steps > 1:
+        if self.spec is None and self.cfg.jump_chain_rows > 0:
+            kinds.append(ChainDecodeStep(self))  # before plain decoding takes the same rows
+        if self.spec is None and self.cfg.decode_steps > 1:
             kinds.append(ContinuousDecodeStep(self))
         kinds.append(self.decode_step)
         return kinds
@@ -292,6 +300,7 @@ class Scheduler:
         overlap = (
             self.cfg.overlap
             and batch is not None
+            and not getattr(batch.kind, "at_once", False)  # a chain launch: its rows' positions
             and (
                 self.cfg.jump_overlap
                 or (self.cfg.jump_extend_overlap and batch.is_prefill)
@@ -418,10 +427,11 @@ class Scheduler:
             req_row=req.req_pool_idx,
         )
 
-    def append_tokens(self, req: Req, tokens: list[int]) -> None:
+    def append_tokens(self, req: Req, tokens: list[int], *, jump: bool = True) -> None:
         """Several tokens from one speculative step or continuous decode batch (no logprobs: see
         eligibility). A grammar advances over them in order; the first token that terminates it
-        ends the output."""
+        ends the output. ``jump``: jump forward after them where the grammar forces text (a chain
+        launch, which takes forced tokens itself, does not)."""
         if req.grammar is not None:
             assert self.grammar is not None
             for j, token in enumerate(tokens):
@@ -434,7 +444,7 @@ class Scheduler:
                     break
         req.output_ids.extend(tokens)
         num_new = len(tokens)
-        if self.cfg.enable_jump_forward and req.grammar is not None and not req.grammar.is_terminated():
+        if jump and self.cfg.enable_jump_forward and req.grammar is not None and not req.grammar.is_terminated():
             num_new += self._jump_forward(req)  # the launch ended inside a forced run
         self._check_stop(req, num_new, tokens[-1])
 
@@ -526,6 +536,8 @@ class Scheduler:
         until then the launch reads the request's row of ``req_to_token``, which the extend
         rewrites, and its device grammar state, which the extend sets from the matcher."""
         assert self.grammar is not None
+        if self.cfg.jump_chain_rows and req.automaton is not None:
+            return 0  # a row on the device takes its forced tokens in chain launches (steps.chain)
         if req.pending_outputs and not self.cfg.jump_overlap:
             return 0  # a launch of it is in flight (jump_extend_overlap): it decodes the forced run
         kept_kv = min(req.kv_len, len(req.fill_ids) - 1)  # the newest token has no KV yet
@@ -728,6 +740,8 @@ class Scheduler:
             "jump_forward_tokens_total": s.jump_forward_tokens,
             "jump_forward_stale_tokens_total": s.jump_stale_tokens,
             "jump_lead_launches_total": s.jump_lead_launches,
+            "chain_launches_total": s.chain_launches,
+            "chain_forced_tokens_total": s.chain_forced_tokens,
             "continuous_decode_steps_total": s.continuous_decode_steps,
             "decode_steps_skipped_total": self.decode_steps_skipped(),
             "near_end_syncs_total": s.near_end_syncs,

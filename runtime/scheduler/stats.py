@@ -38,6 +38,8 @@ class SchedulerCounters:
     # tokens computed in a launch that was in flight when its request jumped, then thrown away
     jump_stale_tokens: int = 0
     jump_lead_launches: int = 0  # continuous decode launches led by a jump's extend (steps.lead)
+    chain_launches: int = 0  # chain decode launches (steps.chain)
+    chain_forced_tokens: int = 0  # forced tokens those took without sampling (kept ones)
     near_end_syncs: int = 0  # decode batches processed at once: every row might have ended
     continuous_decode_steps: int = 0  # decode steps run inside continuous decode batches
     prefill_batches: int = 0  # prefill (extend) passes whose results were processed

@@ -78,9 +78,8 @@ def _continuous_run(schema=SCHEMA, prompts=CUSTOMER_PROMPTS, *, max_new=96, step
     """Greedy outputs of ``prompts`` under ``schema`` from an Engine whose grammars run on the
     device in continuous launches of ``steps``, with its server info and tokenizer."""
     params = {"max_new_tokens": max_new, "temperature": 0, "json_schema": json.dumps(schema)}
-    with Engine(
-        enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=steps, log_level="warning", **kw
-    ) as eng:
+    kw = {"enable_jump_forward": True, **kw}
+    with Engine(grammar_on_device="on", num_continuous_decode_steps=steps, log_level="warning", **kw) as eng:
         outs = eng.generate(prompts, sampling_params=params)
         return outs, eng.get_server_info(), eng.tm.tokenizer
 
@@ -120,6 +119,52 @@ def test_forced_text_spelled_on_the_device(monkeypatch):
         assert tok.decode(o["output_ids"]).startswith(o["text"])
         assert len(o["output_ids"]) <= len(p["output_ids"])
     assert sum(map(len, (o["output_ids"] for o in spelled))) < sum(map(len, (p["output_ids"] for p in plain)))
+
+
+def test_chain_launches_decode_as_device_spelling_does(monkeypatch):
+    """``PHLOEM_JUMP_CHAIN``: every step of a continuous launch also takes each row's forced
+    tokens, on the device. A forced state allows one token, so the output is token for token what
+    decoding each of them in a step of its own gives (device spelling without jump-forward), in
+    fewer steps; every output is valid and its ids are the tokenization of its text. Float
+    weights on both sides: the GGUF's integer-dot kernels quantize activations, so a pass of
+    several rows a request and a one-row step round differently and near ties may part."""
+    prompts = ["Write a customer record as JSON:", "A customer who prefers email:", "Customer data:"]
+    kw = {"max_new": 160, "steps": 8, "quantization": "none"}
+    monkeypatch.setenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING", "1")  # read by the scheduler process
+    plain, plain_info, tok = _continuous_run(LONG_KEYS, prompts, enable_jump_forward=False, **kw)
+    monkeypatch.delenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING")
+    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", "6")
+    chained, info, _ = _continuous_run(LONG_KEYS, prompts, **kw)
+    live = info["live"]
+    assert live["chain_launches_total"] > 0 and live["chain_forced_tokens_total"] > 30
+    assert live["jump_forward_tokens_total"] == 0  # no row jumped on the host
+    for o in chained:
+        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
+        jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
+        assert tok.decode(o["output_ids"]).startswith(o["text"])
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    steps = live["continuous_decode_steps_total"]
+    assert 0 < steps < plain_info["live"]["continuous_decode_steps_total"]
+
+
+def test_chain_launch_cut_by_max_new_tokens(monkeypatch):
+    """A chain step may take more tokens than a row has left: the row ends with exactly
+    ``max_new_tokens`` tokens, the start of the text it would have written."""
+    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", "8")
+    budgets = (1, 2, 5, 9, 14)
+    with Engine(enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=4,
+                log_level="warning") as eng:  # fmt: skip
+        full = eng.generate("Customer data:", sampling_params={
+            "max_new_tokens": 160, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)})  # fmt: skip
+        cut = [
+            eng.generate("Customer data:", sampling_params={
+                "max_new_tokens": n, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)})  # fmt: skip
+            for n in budgets
+        ]
+        assert eng.get_server_info()["live"]["chain_launches_total"] > 0
+    for n, out in zip(budgets, cut):
+        assert out["meta_info"]["finish_reason"]["type"] == "length", out
+        assert out["output_ids"] == full["output_ids"][:n]
 
 
 def test_jump_forward_cut_by_max_new_tokens(jf_engine):
