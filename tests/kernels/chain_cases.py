@@ -20,7 +20,12 @@ import torch
 
 from .interpreter import interpreted_main, run_checks
 
-SHAPES = [(1, 8, 1000, 12), (32, 8, 49152, 40), (64, 5, 128256, 30), (7, 2, 500, 9)]  # rows, width, vocab, run
+SHAPES = [
+    (1, 8, 1000, 12),
+    (32, 8, 49152, 40),
+    (64, 5, 128256, 30),
+    (7, 2, 500, 9),
+]  # rows, width, vocab, run
 SMALL_SHAPES = [(1, 8, 300, 12), (5, 4, 200, 6), (6, 5, 100, 9), (3, 2, 64, 3)]
 
 
@@ -93,7 +98,9 @@ def check_layout(shape: tuple[int, int, int, int], device: str, seed: int) -> No
         results.append({**out, "emitted": emitted, "counts": counts, "state": st, "pos": p})
     want, got = results
     for name in want:
-        assert torch.equal(got[name].cpu(), want[name].cpu()), f"{name}: {got[name].tolist()} vs {want[name].tolist()}"
+        assert torch.equal(got[name].cpu(), want[name].cpu()), (
+            f"{name}: {got[name].tolist()} vs {want[name].tolist()}"
+        )
     # the reference's own meaning: a row at state s < run walks min(run - s, width - 1) tokens
     walked = want["counts"].cpu() - 1
     for b in range(rows_n):
@@ -103,7 +110,9 @@ def check_layout(shape: tuple[int, int, int, int], device: str, seed: int) -> No
 
 
 def run_small(device: str = "cpu") -> int:
-    return run_checks((f"chain layout {shape}", partial(check_layout, shape, device, 3)) for shape in SMALL_SHAPES)
+    return run_checks(
+        (f"chain layout {shape}", partial(check_layout, shape, device, 3)) for shape in SMALL_SHAPES
+    )
 
 
 if __name__ == "__main__":

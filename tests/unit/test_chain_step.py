@@ -132,7 +132,9 @@ class DeviceGrammar:
     def fill_mask(self, reqs: list[Req]) -> None:
         return None
 
-    def automaton_rows(self, reqs: list[Req], discard: list[bool]) -> tuple[object, torch.Tensor, torch.Tensor]:
+    def automaton_rows(
+        self, reqs: list[Req], discard: list[bool]
+    ) -> tuple[object, torch.Tensor, torch.Tensor]:
         n = len(reqs)
         return object(), torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64)
 
