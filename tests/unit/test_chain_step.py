@@ -188,3 +188,5 @@ def test_a_chain_launch_takes_fewer_steps_than_tokens():
     h.run()
     assert h.outputs()["r"] == reference([6], 60)
     assert h.s.stats.continuous_decode_steps < 60 - 1
+    # chain launches time the decode pace (a budgeted launch's steps follow it; 1 step until timed)
+    assert h.s.pace.per_step is not None

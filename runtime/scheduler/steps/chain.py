@@ -101,6 +101,7 @@ class ChainDecodeStep:
         out.synchronize()
         assert out.chain is not None
         tokens, counts = out.chain
+        s.pace.decode_processed(out.step_time)  # a chain step is what the budget bounds here
         s.release_deferred()
         steps = batch.decode_steps
         used = counts.sum(dim=0).tolist()  # positions each row reached
