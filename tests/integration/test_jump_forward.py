@@ -147,6 +147,32 @@ def test_chain_launches_decode_as_device_spelling_does(monkeypatch):
     assert 0 < steps < plain_info["live"]["continuous_decode_steps_total"]
 
 
+def test_chain_launches_mix_constrained_and_free_rows(monkeypatch):
+    """A free row in a chain launch is a decode row (one node a step): its output is the plain
+    engine's, while the constrained rows beside it take their forced tokens."""
+    prompts = ["Customer data:", "The capital of France is", "A customer who prefers email:", "Once upon"]
+    schema = json.dumps(LONG_KEYS)
+    params = [
+        {"max_new_tokens": 120, "temperature": 0, **({"json_schema": schema} if i % 2 == 0 else {})}
+        for i in range(len(prompts))
+    ]
+
+    def run(**kw):
+        with Engine(grammar_on_device="on", num_continuous_decode_steps=8, quantization="none",
+                    log_level="warning", **kw) as eng:  # fmt: skip
+            return eng.generate(prompts, sampling_params=params), eng.get_server_info()["live"]
+
+    plain, _ = run()
+    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", "8")
+    mixed, live = run(enable_jump_forward=True)
+    assert live["chain_launches_total"] > 0 and live["chain_forced_tokens_total"] > 0
+    for i, (o, p) in enumerate(zip(mixed, plain)):
+        if i % 2 == 0:
+            jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
+        else:
+            assert o["output_ids"] == p["output_ids"]
+
+
 def test_chain_launch_cut_by_max_new_tokens(monkeypatch):
     """A chain step may take more tokens than a row has left: the row ends with exactly
     ``max_new_tokens`` tokens, the start of the text it would have written."""
@@ -154,11 +180,15 @@ def test_chain_launch_cut_by_max_new_tokens(monkeypatch):
     budgets = (1, 2, 5, 9, 14)
     with Engine(enable_jump_forward=True, grammar_on_device="on", num_continuous_decode_steps=4,
                 log_level="warning") as eng:  # fmt: skip
-        full = eng.generate("Customer data:", sampling_params={
-            "max_new_tokens": 160, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)})  # fmt: skip
+        full = eng.generate(
+            "Customer data:",
+            sampling_params={"max_new_tokens": 160, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)},
+        )
         cut = [
-            eng.generate("Customer data:", sampling_params={
-                "max_new_tokens": n, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)})  # fmt: skip
+            eng.generate(
+                "Customer data:",
+                sampling_params={"max_new_tokens": n, "temperature": 0, "json_schema": json.dumps(LONG_KEYS)},
+            )
             for n in budgets
         ]
         assert eng.get_server_info()["live"]["chain_launches_total"] > 0
