@@ -119,8 +119,10 @@ class ForwardInput:
     then: ForwardInput | None = None
     # A chain decode launch (``executor/chain_decode.py``): a DECODE batch of ``decode_steps`` steps
     # whose every step is a chain pass of this many nodes a row (its forced tokens taken on the
-    # device); ``req_to_token`` holds slots for ``decode_steps * chain_width`` positions a row.
+    # device); ``positions`` is each row's position, or -1 where the device knows it, and
+    # ``chain_slots`` ([B, decode_steps * chain_width], host) the slots each row may take.
     chain_width: int = 0
+    chain_slots: torch.Tensor | None = None
     # EXTEND: (query-key pairs over cached prefixes, pairs among the new tokens), counted from
     # the host's lengths when the batch moves to the device (``to``), where they can no longer be
     # read without waiting for the stream. The Triton backend picks its key tiles from them.

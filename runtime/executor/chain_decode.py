@@ -20,8 +20,15 @@ The walk, the layout and the row's state and position advance on the device
 (:func:`chain_layout`; ``chain_triton.py`` in one launch on CUDA), the model pass replays a
 graph per batch size, and the host reads every step's tokens once, at the end: ``[K, B, W]``
 tokens (node ``i < L`` the forced ones, node ``L`` the sampled one, -1 after) and ``[K, B]``
-counts (``L + 1``). The KV slots of every position a launch may reach are the scheduler's to
-give ahead (``req_to_token`` filled for ``K * W`` positions a row); it frees what went unused.
+counts (``L + 1``).
+
+Where a row's tokens go is known only on the device, so positions and slots are taken there
+too. The scheduler gives each row a block of ``K * W`` slots (``ForwardInput.chain_slots``), as
+many as a launch may reach; the pass writes the ``j``-th position the row reaches this launch
+into ``req_to_token`` with block slot ``j``, and the scheduler frees the rest of the block once
+it reads the counts. A row's position lives on the device (``row_pos``, by request-pool row),
+so the next launch may start before the host has read this one's tokens: it passes -1 for the
+rows whose position it does not know (a chain launch of theirs is in flight).
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ def chain_layout(
     req_to_token: torch.Tensor,
     cur: torch.Tensor,
     pos: torch.Tensor,
+    start: torch.Tensor,
+    block: torch.Tensor,
     out: dict[str, torch.Tensor],
     emitted: torch.Tensor,
     counts: torch.Tensor,
@@ -63,11 +72,13 @@ def chain_layout(
     Reads each row's automaton state ``state[rows[b]]`` (int32), last token ``cur [B]`` and
     position ``pos [B]`` (where ``cur``'s K/V goes); walks the forced tokens (``chain [S]``
     int32, -1 where a state forces nothing; ``keys``/``targets`` the table's transitions) up to
-    ``W - 1`` of them; writes the pass's inputs into ``out`` (``ids``, ``positions``,
-    ``node_slots`` ``[B * W]``, ``rows``, ``prefix``, ``last`` ``[B]``, ``tree_mask [B, W, W]``
-    int8), the forced tokens into ``emitted [B, W]`` (-1 after them) and ``L + 1`` into
-    ``counts [B]``; leaves ``state[rows]`` at the state after the forced tokens and advances
-    ``pos`` by ``L + 1``."""
+    ``W - 1`` of them; gives node ``i`` the slot ``block[b, pos - start + i]`` (``start [B]``: the
+    row's position when the launch began, ``block [B, K * W]``) and writes it into
+    ``req_to_token`` at the node's position; writes the pass's inputs into ``out`` (``ids``,
+    ``positions``, ``node_slots`` ``[B * W]``, ``rows``, ``prefix``, ``last`` ``[B]``,
+    ``tree_mask [B, W, W]`` int8), the forced tokens into ``emitted [B, W]`` (-1 after them) and
+    ``L + 1`` into ``counts [B]``; leaves ``state[rows]`` at the state after the forced tokens
+    and advances ``pos`` by ``L + 1``."""
     b = rows.shape[0]
     w = emitted.shape[1]
     dev = cur.device
@@ -88,10 +99,12 @@ def chain_layout(
     real = node[None, :] <= n[:, None]  # [B, W]
     ids = torch.cat([cur.to(torch.int64)[:, None], forced.clamp(min=0)], dim=1)
     where = pos[:, None] + node[None, :]
-    slots = req_to_token[rows[:, None], where.clamp(max=req_to_token.shape[1] - 1)]
+    taken = (where - start[:, None]).clamp(max=block.shape[1] - 1)  # block index of each node
+    slots = torch.where(real, block.gather(1, taken), PADDING_SLOT)
+    req_to_token[rows[:, None].expand_as(where)[real], where[real]] = slots[real]
     out["ids"].copy_(torch.where(real, ids, 0).reshape(-1))
     out["positions"].copy_(where.reshape(-1))
-    out["node_slots"].copy_(torch.where(real, slots, PADDING_SLOT).reshape(-1))
+    out["node_slots"].copy_(slots.reshape(-1))
     out["rows"].copy_(rows)
     out["prefix"].copy_(pos)
     sees = (node[None, None, :] <= node[None, :, None]) & real[:, :, None]  # node i sees 0..i
@@ -123,6 +136,8 @@ class ChainDecoder:
         self.device = runner.device
         self.width = width
         self.req_to_token = runner.req_to_token_pool.req_to_token
+        # each request-pool row's next position, where its last chain launch left it
+        self.row_pos = torch.zeros(self.req_to_token.shape[0], dtype=torch.int64, device=self.device)
         self.attn = TreeVerifyBackend(
             runner.kv_pool, runner.req_to_token_pool, num_heads=runner.model_config.num_heads
         )
@@ -173,8 +188,10 @@ class ChainDecoder:
 
     @torch.inference_mode()
     def run(self, fi: ForwardInput, sample: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Any, ...]:
-        """The ``fi.decode_steps`` chain steps of decode batch ``fi`` (host tensors; its
-        ``sampling`` already on the device with its automaton's starting states applied).
+        """The ``fi.decode_steps`` chain steps of decode batch ``fi`` (host tensors but its ids,
+        which may be on the device; ``positions`` -1 where the row continues from ``row_pos``;
+        ``chain_slots [B, K * W]`` each row's block; ``sampling`` on the device with its
+        automaton's starting states applied).
         Returns ``(the last step's sampled ids [B] on the device and on the host, tokens
         [K, B, W] and counts [K, B] on the host, the event after which the host ones are
         valid)``."""
@@ -184,9 +201,13 @@ class ChainDecoder:
         snap = auto.snapshot
         dev = self.device
         # the ids may be on the device already (resolved futures); the rest are host tensors
+        assert fi.chain_slots is not None and fi.chain_slots.shape == (bs, steps * w)
         cur = fi.input_ids.to(dev, torch.int64).clone()
-        pos, rows = torch.stack([fi.positions, fi.req_pool_indices]).to(dev, torch.int64).unbind(0)
-        pos = pos.clone()
+        host = torch.cat([fi.positions, fi.req_pool_indices, fi.chain_slots.reshape(-1)]).to(torch.int64)
+        moved = host.to(dev, non_blocking=True)
+        given, rows, block = moved[:bs], moved[bs : 2 * bs], moved[2 * bs :].view(bs, steps * w)
+        pos = torch.where(given >= 0, given, self.row_pos[rows])
+        start = pos.clone()
         emitted = torch.empty((steps, bs, w), dtype=torch.int64, device=dev)
         counts = torch.empty((steps, bs), dtype=torch.int64, device=dev)
         padded = next((s for s in self.batch_sizes if s >= bs), None)
@@ -202,8 +223,8 @@ class ChainDecoder:
         for j in range(steps):
             layout(
                 state=auto.table.state, rows=rows, chain=snap.chain, keys=snap.keys, targets=snap.targets,
-                vocab=snap.vocab_size, req_to_token=self.req_to_token, cur=cur, pos=pos, out=bufs,
-                emitted=emitted[j], counts=counts[j],
+                vocab=snap.vocab_size, req_to_token=self.req_to_token, cur=cur, pos=pos, start=start,
+                block=block, out=bufs, emitted=emitted[j], counts=counts[j],
             )  # fmt: skip
             if padded is not None:
                 self.graphs[padded].replay()
@@ -213,6 +234,7 @@ class ChainDecoder:
             ids = sample(logits)
             emitted[j].scatter_(1, (counts[j] - 1)[:, None], ids[:, None])
             cur.copy_(ids)
+        self.row_pos[rows] = pos
         self.launches += 1
         flat = torch.cat([cur, counts.reshape(-1), emitted.reshape(-1)])
         cpu, event = to_host_async(flat)

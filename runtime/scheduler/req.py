@@ -56,6 +56,9 @@ class Req:
     extend_len: int = 0  # new tokens in the pass being built
     is_chunked: bool = False  # prefill not finished: continues on the next prefill step
     pending_outputs: int = 0  # launched steps whose token is not processed yet (overlap)
+    # Chain decode launches of it in flight (``steps.chain``): while there are any, ``kv_len``
+    # lags the positions the device has taken (the launches tell them when processed).
+    chain_in_flight: int = 0
     # Of those, tokens launched before a jump-forward rewrote the output: they continue a text the
     # request no longer has, so processing throws them away (``Scheduler._jump_forward``).
     stale_outputs: int = 0

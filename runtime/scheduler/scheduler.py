@@ -162,6 +162,7 @@ class Scheduler:
         self.released: set[str] = set()
         self.prefill_step = PrefillStep(self)
         self.decode_step = DecodeStep(self)
+        self.chain_step: ChainDecodeStep | None = None
         self.kinds = self._step_kinds()
 
     def _step_kinds(self) -> list[StepKind]:
@@ -172,8 +173,10 @@ class Scheduler:
             kinds.insert(0, JumpLeadStep(self))  # before the prefill step takes the jumped rows
         if self.spec is not None:
             kinds += [SpecWindowStep(self, self.spec), SpecStep(self, self.spec)]
+        self.chain_step = None
         if self.spec is None and self.cfg.jump_chain_rows > 0:
-            kinds.append(ChainDecodeStep(self))  # before plain decoding takes the same rows
+            self.chain_step = ChainDecodeStep(self)
+            kinds.append(self.chain_step)  # before plain decoding takes the same rows
         if self.spec is None and self.cfg.decode_steps > 1:
             kinds.append(ContinuousDecodeStep(self))
         kinds.append(self.decode_step)
@@ -300,7 +303,6 @@ class Scheduler:
         overlap = (
             self.cfg.overlap
             and batch is not None
-            and not getattr(batch.kind, "at_once", False)  # a chain launch: its rows' positions
             and (
                 self.cfg.jump_overlap
                 or (self.cfg.jump_extend_overlap and batch.is_prefill)
@@ -335,7 +337,15 @@ class Scheduler:
         self.release_deferred()
 
     def schedule(self) -> ScheduledBatch | None:
-        """The batch of the first step kind that has one."""
+        """The batch of the first step kind that has one. While a chain launch is in flight only
+        another may follow it (``steps.chain``: other kinds read positions it has not told yet),
+        and only when nothing waits for admission; else it is processed first."""
+        if self.chain_step is not None and any(b.kind is self.chain_step for b, _ in self.inflight):
+            if not (self.waiting or self.jumped or self.chunked is not None):
+                batch = self.chain_step.schedule()
+                if batch is not None:
+                    return batch
+            self.sync_inflight()
         for kind in self.kinds:
             batch = kind.schedule()
             if batch is not None:
@@ -524,6 +534,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ jump-forward
     def _may_jump(self, batch: ScheduledBatch) -> bool:
+        if self.chain_step is not None and batch.kind is self.chain_step:
+            return False  # its rows take their forced tokens on the device
         return self.cfg.enable_jump_forward and any(r.grammar is not None for r in batch.reqs)
 
     def _jump_forward(self, req: Req) -> int:

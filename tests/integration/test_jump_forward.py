@@ -145,6 +145,10 @@ def test_chain_launches_decode_as_device_spelling_does(monkeypatch):
     assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
     steps = live["continuous_decode_steps_total"]
     assert 0 < steps < plain_info["live"]["continuous_decode_steps_total"]
+    # under the overlap loop each chain launch starts behind the one in flight: the same tokens
+    overlapped, info_overlap, _ = _continuous_run(LONG_KEYS, prompts, enable_cpu_overlap_schedule=True, **kw)
+    assert info_overlap["overlap_schedule"] is True
+    assert [o["output_ids"] for o in overlapped] == [o["output_ids"] for o in plain]
 
 
 def test_chain_launches_mix_constrained_and_free_rows(monkeypatch):

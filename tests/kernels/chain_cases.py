@@ -1,13 +1,14 @@
 """A chain step's layout in one launch (``runtime/executor/chain_triton.py``) against the torch
 reference (``chain_decode.chain_layout``): every buffer of the padded pass, the forced tokens,
-the counts, and each row's state and position after it.
+the counts, the slots written into ``req_to_token``, and each row's state and position after it.
 
 Shared by ``test_chain_triton.py`` (compiled on CUDA) and, run as a script, by Triton's CPU
 interpreter (``python -m tests.kernels.chain_cases``, in a child process). The table: the free
 state 0; a run of states ``1..R`` that each allow one token leading to the next (state ``R``
 branches), so a row starting at state ``s`` has ``R - s`` forced tokens ahead; and branching
 states after it with random targets. Rows sit in random states (one free, one at the start of
-the run, so some walks are cut by the width), at random positions of random request-pool rows.
+the run, so some walks are cut by the width), at random positions of random request-pool rows,
+part-way through a launch (a random number of their block's slots taken already).
 """
 
 from __future__ import annotations
@@ -86,16 +87,19 @@ def check_layout(shape: tuple[int, int, int, int], device: str, seed: int) -> No
     req_to_token = torch.randint(1, 10_000, (pool, context), generator=gen)
     cur = torch.randint(0, vocab, (rows_n,), generator=gen)
     pos = torch.randint(0, context - width, (rows_n,), generator=gen)
+    per_row = 3 * width  # a launch of three steps
+    block = torch.randperm(50_000, generator=gen)[: rows_n * per_row].view(rows_n, per_row) + 1
+    start = pos - torch.randint(0, per_row - width + 1, (rows_n,), generator=gen)
     results = []
     for fn in (chain_layout, chain_layout_triton):
-        st, p = state.clone().to(device), pos.clone().to(device)
+        st, p, written = state.clone().to(device), pos.clone().to(device), req_to_token.clone().to(device)
         out = _buffers(rows_n, width, device)
         emitted = torch.full((rows_n, width), -7, dtype=torch.int64, device=device)
         counts = torch.full((rows_n,), -7, dtype=torch.int64, device=device)
         fn(state=st, rows=rows.to(device), chain=table["chain"], keys=table["keys"], targets=table["targets"],
-           vocab=vocab, req_to_token=req_to_token.to(device), cur=cur.to(device), pos=p, out=out,
-           emitted=emitted, counts=counts)  # fmt: skip
-        results.append({**out, "emitted": emitted, "counts": counts, "state": st, "pos": p})
+           vocab=vocab, req_to_token=written, cur=cur.to(device), pos=p, start=start.to(device),
+           block=block.to(device), out=out, emitted=emitted, counts=counts)  # fmt: skip
+        results.append({**out, "emitted": emitted, "counts": counts, "state": st, "pos": p, "table": written})
     want, got = results
     for name in want:
         assert torch.equal(got[name].cpu(), want[name].cpu()), (

@@ -2,11 +2,13 @@
 model that reads its KV and a fake grammar that forces a run of tokens.
 
 The fake chain pass does what ``executor/chain_decode.py`` does on the device: each step, each
-row writes its last token and the forced tokens after it (at most ``W - 1``) into the slots its
-``req_to_token`` row lists for their positions, then "samples" from its whole KV (a hash of the
-tokens in its slots), or takes the next forced token where the run goes on. So a slot the
-scheduler gave twice, a position it lost, or KV it freed under a row shows in the output, which
-must be token for token what one token a step gives.
+row takes its next positions' slots from the block the scheduler gave it, lists them in its
+``req_to_token`` row, writes its last token and the forced tokens after it (at most ``W - 1``)
+there, then "samples" from its whole KV (a hash of the tokens in its slots), or takes the next
+forced token where the run goes on; a row whose position the launch leaves to the device (-1)
+continues where its last chain launch left it. So a slot the scheduler gave twice, a position it
+lost, or KV it freed under a row shows in the output, which must be token for token what one
+token a step gives.
 """
 
 from __future__ import annotations
@@ -59,6 +61,8 @@ class ChainRunner(FakeRunner):
         self.kv_tok = torch.full((pool_slots,), -1, dtype=torch.int64)
         self.req_to_token: torch.Tensor | None = None
         self.chain_launches = 0
+        self.row_pos: dict[int, int] = {}  # the device's position of each request-pool row
+        self.continued = 0  # rows that continued from the device's position
 
     def forward(self, fi) -> ForwardOutput:
         assert self.req_to_token is not None
@@ -76,22 +80,29 @@ class ChainRunner(FakeRunner):
         steps, bs, w = fi.decode_steps, fi.batch_size, fi.chain_width
         tokens = torch.full((steps, bs, w), -1, dtype=torch.int64)
         counts = torch.zeros((steps, bs), dtype=torch.int64)
-        cur, pos = fi.input_ids.tolist(), fi.positions.tolist()
+        cur = fi.input_ids.tolist()
         rows = fi.req_pool_indices.tolist()
+        pos = [p if p >= 0 else self.row_pos[row] for p, row in zip(fi.positions.tolist(), rows)]
+        self.continued += sum(p < 0 for p in fi.positions.tolist())
+        start = list(pos)
+        assert fi.chain_slots is not None and fi.chain_slots.shape == (bs, steps * w)
         for j in range(steps):
             for b, row in enumerate(rows):
                 p = pos[b]
                 ctx = self.kv_tok[self.req_to_token[row, :p]].tolist() + [cur[b]]
                 chain = forced_left(ctx)[: w - 1]
                 nodes = [cur[b], *chain]
-                slots = self.req_to_token[row, p : p + len(nodes)]
-                assert (slots > 0).all(), "a chain position without a slot"
+                slots = fi.chain_slots[b, p - start[b] : p - start[b] + len(nodes)]
+                assert len(slots) == len(nodes) and (slots > 0).all(), "a chain position without a slot"
+                self.req_to_token[row, p : p + len(nodes)] = slots
                 self.kv_tok[slots] = torch.tensor(nodes)
                 y = next_token(self.kv_tok[self.req_to_token[row, : p + len(nodes)]].tolist())
                 tokens[j, b, : len(chain)] = torch.tensor(chain, dtype=torch.int64)
                 tokens[j, b, len(chain)] = y
                 counts[j, b] = len(nodes)
                 cur[b], pos[b] = y, p + len(nodes)
+        for b, row in enumerate(rows):
+            self.row_pos[row] = pos[b]
         self.chain_launches += 1
         last = torch.tensor(cur, dtype=torch.int64)
         return ForwardOutput(next_token_ids=last, next_token_ids_cpu=last.clone(), chain=(tokens, counts))
@@ -180,6 +191,8 @@ def test_chain_launches_give_one_token_a_steps_output(overlap, steps, width):
     assert h.runner.chain_launches > 0 and h.s.stats.chain_launches == h.runner.chain_launches
     assert h.s.stats.chain_forced_tokens > 0
     assert h.cache.available_size == 4096  # every slot given ahead came back
+    # under overlap a chain launch starts behind the one in flight, from the device's positions
+    assert (h.runner.continued > 0) == overlap
 
 
 def test_a_chain_launch_takes_fewer_steps_than_tokens():

@@ -6,12 +6,14 @@ so each jump ends a launch and costs an extend pass of its own. Here a row that 
 allowing one token takes it and those after it inside the step that reached it, so a launch
 runs its steps whatever the rows' grammars force, and no jump waits for the host.
 
-A launch of ``K`` steps reaches at most ``K * W`` positions a row: the scheduler gives each row
-slots for all of them ahead (``req_to_token`` filled from its ``kv_len``), counts them into its
-``kv_len`` at launch, and when the launch is processed frees the positions it did not reach.
-How many that is is known only once the tokens are read, so a chain launch is processed at once
-(the next launch needs each row's position); one behind a plain launch in flight reads that
-launch's tokens as future ids, as any decode launch does.
+How many positions a row takes in a launch is known only when its tokens are read. So the
+scheduler gives each row a block of slots for the most a launch may take (``K * W``), the device
+writes those it takes into ``req_to_token`` and keeps the row's position, and processing adds the
+positions taken to ``kv_len`` and frees the rest of the block. Until then ``kv_len`` lags
+(``Req.chain_in_flight``): the next chain launch may start behind this one (the overlap loop's
+steady state: its rows continue from the device's positions and states, their last tokens as
+future ids), but any other kind of step first waits for every chain launch to be processed
+(``Scheduler.schedule``), and so does admission.
 
 Taken for a batch of at most ``jump_chain_rows`` rows when at least one row's grammar is on the
 device and every row may decode ahead (``policy.decodes_ahead``); ``K`` is what continuous decode
@@ -24,13 +26,9 @@ from __future__ import annotations
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
-from phloem.runtime.forward_io import ForwardMode
-from phloem.runtime.scheduler.batch import (
-    ScheduledBatch,
-    build_forward_input,
-    gather_new_tokens,
-    write_decode_slots,
-)
+import torch
+from phloem.runtime.forward_io import ForwardInput, ForwardMode
+from phloem.runtime.scheduler.batch import ScheduledBatch, gather_new_tokens
 from phloem.runtime.scheduler.policy import decodes_ahead
 from phloem.runtime.scheduler.steps.continuous import ContinuousDecodeStep
 from phloem.runtime.scheduler.steps.decode import decode_fields, live_rows
@@ -40,8 +38,6 @@ if TYPE_CHECKING:
 
 
 class ChainDecodeStep:
-    at_once = True  # processed right after its launch (Scheduler.step): see the module docstring
-
     def __init__(self, scheduler: Scheduler) -> None:
         self.s = scheduler
         self._continuous = ContinuousDecodeStep(scheduler)  # its step cap
@@ -55,20 +51,19 @@ class ChainDecodeStep:
         if not any(r.automaton is not None for r in reqs) or not all(map(decodes_ahead, reqs)):
             return None
         steps = max(1, s.unseen_steps(reqs, self._continuous.step_cap()))
-        room = s.req_pool.req_to_token.shape[1] - max(r.kv_len for r in reqs)
-        steps = min(steps, room // width, s.cache.available_size // (width * len(reqs)))
+        # the most positions any row may have taken once its launches in flight are done
+        reach = max(r.kv_len + r.pending_outputs * width for r in reqs)
+        steps = min(steps, (s.req_pool.req_to_token.shape[1] - reach) // width)
+        steps = min(steps, s.cache.available_size // (width * len(reqs)))
         if steps < 1:
             return None
-        per_row = steps * width
-        slots = s.cache.alloc(per_row * len(reqs))
+        slots = s.cache.alloc(steps * width * len(reqs))
         if slots is None:
             return None
-        index = write_decode_slots(s.req_pool.req_to_token, reqs, slots, per_row)
         for req in reqs:
             req.extend_len = 1
-        batch = ScheduledBatch(
-            mode=ForwardMode.DECODE, reqs=reqs, decode_index=index, decode_steps=steps, kind=self
-        )
+        batch = ScheduledBatch(mode=ForwardMode.DECODE, reqs=reqs, decode_steps=steps, kind=self)
+        batch.step_slots = slots.view(len(reqs), steps * width)  # each row's block
         s.stats.continuous_decode_steps += steps
         s.stats.chain_launches += 1
         return decode_fields(s, batch, extend=1)
@@ -82,43 +77,51 @@ class ChainDecodeStep:
         auto = s.grammar.automaton_rows(reqs, batch.discard)
         assert auto is not None, "a chain launch has a row on the device"
         sampling.automaton, sampling.automaton_rows, sampling.automaton_init = auto
-        fi = build_forward_input(
-            batch, req_to_token=s.req_pool.req_to_token, input_ids=gather_new_tokens(batch), sampling=sampling
-        )
-        fi.chain_width = s.cfg.jump_chain_width
+        n = len(reqs)
+        # -1: the device knows where the row is (a chain launch of it is in flight)
+        positions = torch.tensor([-1 if r.chain_in_flight else r.kv_len for r in reqs], dtype=torch.int64)
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        ones = torch.ones(n, dtype=torch.int64)
+        fi = ForwardInput(
+            mode=ForwardMode.DECODE, input_ids=torch.tensor(gather_new_tokens(batch), dtype=torch.int64),
+            positions=positions, out_slots=batch.step_slots[:, 0].clone(), req_pool_indices=rows,
+            seq_lens=positions + 1, prefix_lens=positions, extend_lens=ones, sampling=sampling,
+            decode_steps=steps, chain_width=s.cfg.jump_chain_width, chain_slots=batch.step_slots,
+        )  # fmt: skip
         batch.future_ids = future_ids
         for req, future in zip(reqs, future_ids):
-            req.kv_len += steps * fi.chain_width  # every slot given ahead; process() gives back the rest
             req.pending_outputs += steps
+            req.chain_in_flight += 1
             req.future_ref = future
         return s.worker.submit(fi, future_ids)
 
     def process(self, batch: ScheduledBatch, fut: Future[Any]) -> None:
         """Each row's tokens, step after step (the forced ones, then the sampled one), appended
-        at once; the positions its launch did not reach are freed."""
+        at once; the positions taken join ``kv_len`` and the rest of each block is freed, before
+        any request this step held back is released (its release frees what ``kv_len`` covers)."""
         s = self.s
         out = fut.result()
         out.synchronize()
         assert out.chain is not None
         tokens, counts = out.chain
         s.pace.decode_processed(out.step_time)  # a chain step is what the budget bounds here
-        s.release_deferred()
         steps = batch.decode_steps
-        used = counts.sum(dim=0).tolist()  # positions each row reached
-        table = s.req_pool.req_to_token
-        kept = forced = 0
+        used = counts.sum(dim=0).tolist()  # positions each row took
+        assert batch.step_slots is not None
+        blocks = batch.step_slots
         for r, req in enumerate(batch.reqs):
             req.pending_outputs -= steps
-            if req.req_pool_idx is not None:  # else released already, with every slot it held
-                start = batch.prefix_lens[r]
-                end = start + used[r]
-                if req.kv_len > end:
-                    s.cache.free_slots(table[req.req_pool_idx, end : req.kv_len].clone())
-                    req.kv_len = end
+            req.chain_in_flight -= 1
+            req.kv_len += used[r]
+            s.cache.free_slots(blocks[r, used[r] :].clone())
+        s.release_deferred()
+        kept = forced = 0
+        for r, req in enumerate(batch.reqs):
             if req.drop_stale(steps) or req.finished:
                 continue
             row = tokens[:, r]  # [K, W]: the forced tokens of a step, its sampled one, then -1
-            new = row[row >= 0].tolist()[: req.remaining_new_tokens]
+            # the budget left by the tokens seen so far (a later launch in flight continues these)
+            new = row[row >= 0].tolist()[: req.params.max_new_tokens - len(req.output_ids)]
             if not new:
                 continue
             before = len(req.output_ids)
