@@ -125,56 +125,42 @@ def test_chain_launches_decode_as_device_spelling_does(monkeypatch):
     """``PHLOEM_JUMP_CHAIN``: every step of a continuous launch also takes each row's forced
     tokens, on the device. A forced state allows one token, so the output is token for token what
     decoding each of them in a step of its own gives (device spelling without jump-forward), in
-    fewer steps; every output is valid and its ids are the tokenization of its text. Float
+    fewer steps, with the inline loop and the overlap loop (where each chain launch starts behind
+    the one in flight); every output is valid and its ids are the tokenization of its text. The
+    free rows of the batch decode one node a step: token for token the plain engine's. Float
     weights on both sides: the GGUF's integer-dot kernels quantize activations, so a pass of
     several rows a request and a one-row step round differently and near ties may part."""
-    prompts = ["Write a customer record as JSON:", "A customer who prefers email:", "Customer data:"]
-    kw = {"max_new": 160, "steps": 8, "quantization": "none"}
-    monkeypatch.setenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING", "1")  # read by the scheduler process
-    plain, plain_info, tok = _continuous_run(LONG_KEYS, prompts, enable_jump_forward=False, **kw)
-    monkeypatch.delenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING")
-    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", "6")
-    chained, info, _ = _continuous_run(LONG_KEYS, prompts, **kw)
-    live = info["live"]
-    assert live["chain_launches_total"] > 0 and live["chain_forced_tokens_total"] > 30
-    assert live["jump_forward_tokens_total"] == 0  # no row jumped on the host
-    for o in chained:
-        assert o["meta_info"]["finish_reason"]["type"] == "stop", o
-        jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
-        assert tok.decode(o["output_ids"]).startswith(o["text"])
-    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
-    steps = live["continuous_decode_steps_total"]
-    assert 0 < steps < plain_info["live"]["continuous_decode_steps_total"]
-    # under the overlap loop each chain launch starts behind the one in flight: the same tokens
-    overlapped, info_overlap, _ = _continuous_run(LONG_KEYS, prompts, enable_cpu_overlap_schedule=True, **kw)
-    assert info_overlap["overlap_schedule"] is True
-    assert [o["output_ids"] for o in overlapped] == [o["output_ids"] for o in plain]
-
-
-def test_chain_launches_mix_constrained_and_free_rows(monkeypatch):
-    """A free row in a chain launch is a decode row (one node a step): its output is the plain
-    engine's, while the constrained rows beside it take their forced tokens."""
-    prompts = ["Customer data:", "The capital of France is", "A customer who prefers email:", "Once upon"]
+    prompts = ["Write a customer record as JSON:", "Once upon", "A customer who prefers email:", "Customers:"]
     schema = json.dumps(LONG_KEYS)
     params = [
-        {"max_new_tokens": 120, "temperature": 0, **({"json_schema": schema} if i % 2 == 0 else {})}
+        {"max_new_tokens": 160, "temperature": 0, **({} if i == 1 else {"json_schema": schema})}
         for i in range(len(prompts))
     ]
 
     def run(**kw):
         with Engine(grammar_on_device="on", num_continuous_decode_steps=8, quantization="none",
                     log_level="warning", **kw) as eng:  # fmt: skip
-            return eng.generate(prompts, sampling_params=params), eng.get_server_info()["live"]
+            outs = eng.generate(prompts, sampling_params=params)
+            return outs, eng.get_server_info(), eng.tm.tokenizer
 
-    plain, _ = run()
-    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", "8")
-    mixed, live = run(enable_jump_forward=True)
-    assert live["chain_launches_total"] > 0 and live["chain_forced_tokens_total"] > 0
-    for i, (o, p) in enumerate(zip(mixed, plain)):
-        if i % 2 == 0:
+    monkeypatch.setenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING", "1")  # read by the scheduler process
+    plain, plain_info, tok = run()
+    monkeypatch.delenv("PHLOEM_JUMP_FORWARD_DEVICE_SPELLING")
+    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", "6")
+    chained, info, _ = run(enable_jump_forward=True)
+    overlapped, info_overlap, _ = run(enable_jump_forward=True, enable_cpu_overlap_schedule=True)
+    live = info["live"]
+    assert live["chain_launches_total"] > 0 and live["chain_forced_tokens_total"] > 30
+    assert live["jump_forward_tokens_total"] == 0  # no row jumped on the host
+    for i, o in enumerate(chained):
+        if i != 1:
+            assert o["meta_info"]["finish_reason"]["type"] == "stop", o
             jsonschema.validate(json.loads(o["text"]), LONG_KEYS)
-        else:
-            assert o["output_ids"] == p["output_ids"]
+            assert tok.decode(o["output_ids"]).startswith(o["text"])
+    assert [o["output_ids"] for o in chained] == [o["output_ids"] for o in plain]
+    assert 0 < live["continuous_decode_steps_total"] < plain_info["live"]["continuous_decode_steps_total"]
+    assert info_overlap["overlap_schedule"] is True
+    assert [o["output_ids"] for o in overlapped] == [o["output_ids"] for o in plain]
 
 
 def test_chain_launch_cut_by_max_new_tokens(monkeypatch):
