@@ -116,8 +116,9 @@ JUMP_EXTEND_OVERLAP = Switch(
     "overlap the extend passes of batches that may jump; a row jumps only once no launch of it is in flight",
 )  # fmt: skip
 JUMP_CHAIN = Switch(
-    "PHLOEM_JUMP_CHAIN", int, 0,
-    "nodes a row in chain decode launches: forced tokens taken on the device, W - 1 a step (0: off)",
+    "PHLOEM_JUMP_CHAIN", int, -1,
+    "nodes a row in chain decode launches: forced tokens taken on the device, W - 1 a step "
+    "(0: off, host jumps; -1: 8 on CUDA, off elsewhere)",
 )  # fmt: skip
 JUMP_LEAD = Switch(
     "PHLOEM_JUMP_LEAD", bool, False,

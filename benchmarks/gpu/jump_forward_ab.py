@@ -1,12 +1,13 @@
 """Jump-forward against decoding without it, on a schema of long fixed keys, in one call.
 
     python3 benchmarks/gpu/jump_forward_ab.py --out OUT.json [--batches 1,8,32] [--rounds 2]
-        [--variants base,jf,lead,chain] [-- STEP_PROFILE_FLAGS ...]
+        [--variants base,jf,host,lead,chain] [-- STEP_PROFILE_FLAGS ...]
 
 Every variant is one ``step_profile.py --grammar keys --window request --step-trace`` run: whole
 requests, prefill included, the same requests each time. ``base`` decodes without jump-forward;
-``jf`` turns it on; ``lead`` adds ``PHLOEM_JUMP_LEAD=1``; ``chain`` adds ``PHLOEM_JUMP_CHAIN=8``. A
-round runs every variant of a batch size in turn, so a slow stretch of a noisy host falls on all
+``jf`` turns it on (chain launches on CUDA, host jumps on the CPU); ``host`` takes forced text on
+the host (``PHLOEM_JUMP_CHAIN=0``); ``lead`` adds ``PHLOEM_JUMP_LEAD=1`` to that; ``chain`` asks
+for chain launches of 8 nodes a row (``PHLOEM_JUMP_CHAIN=8``) on any device. A round runs every variant of a batch size in turn, so a slow stretch of a noisy host falls on all
 of them, and each variant's ratio is taken against ``base`` of the same round. The figure is whole records a second (jump-forward writes forced
 text in fewer tokens than the model picks, so tokens a second undersell it); characters a second
 follow it.
@@ -41,7 +42,8 @@ DEFAULTS = [
 VARIANTS: dict[str, tuple[list[str], dict[str, str]]] = {
     "base": ([], {}),
     "jf": (["--jump-forward"], {}),
-    "lead": (["--jump-forward"], {"PHLOEM_JUMP_LEAD": "1"}),
+    "host": (["--jump-forward"], {"PHLOEM_JUMP_CHAIN": "0"}),
+    "lead": (["--jump-forward"], {"PHLOEM_JUMP_CHAIN": "0", "PHLOEM_JUMP_LEAD": "1"}),
     "chain": (["--jump-forward"], {"PHLOEM_JUMP_CHAIN": "8"}),
 }
 SWITCHES = ("PHLOEM_JUMP_LEAD", "PHLOEM_JUMP_CHAIN")

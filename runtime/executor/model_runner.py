@@ -80,6 +80,9 @@ EXTEND_GRAPH_MAX_BS = 32
 # Chain decode launches (``chain_width``) of up to this many rows replay graphs (larger batches
 # decode without chains).
 CHAIN_GRAPH_MAX_BS = 128
+# ``chain_width=-1``: chains of this many nodes on CUDA (jump-forward's default there), none on
+# the CPU, where a pass costs in proportion to its tokens and host jumps win
+CHAIN_DEFAULT_WIDTH = 8
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,8 @@ class ModelRunner:
             )
             self.extend_graphs.capture()
         self.chain_decoder = None
+        if chain_width < 0:
+            chain_width = CHAIN_DEFAULT_WIDTH if self.cuda_graphs is not None else 0
         if chain_width > 0 and self.tp.size == 1:
             from phloem.runtime.executor.chain_decode import ChainDecoder
 

@@ -176,12 +176,12 @@ def model_runner(args: EngineArgs, source: Any) -> Any:
 
 
 def chain_width(args: EngineArgs) -> int:
-    """Nodes a row of chain decode launches (``PHLOEM_JUMP_CHAIN``): with jump-forward, grammars
-    that may run on the device and one rank; else 0 (none)."""
+    """Nodes a row of chain decode launches (``PHLOEM_JUMP_CHAIN``; -1: the runner's default for
+    its device) with jump-forward, grammars that may run on the device and one rank; else 0."""
     width = switches.JUMP_CHAIN.number()
-    if width <= 0 or not jump_forward_on(args) or args.grammar_on_device == "off" or args.tp_size > 1:
+    if width == 0 or not jump_forward_on(args) or args.grammar_on_device == "off" or args.tp_size > 1:
         return 0
-    return max(width, 2)
+    return -1 if width < 0 else max(width, 2)
 
 
 def jump_forward_on(args: EngineArgs) -> bool:
@@ -383,7 +383,8 @@ def _grammar_queue(args: EngineArgs, tokenizer: Any, runner: Any, eos: set[int])
         compile_timeout=args.grammar_compile_timeout,
         automata=automata,
         # chains follow forced text spelled the tokenizer's way (a state allowing one token)
-        canonical_forced_text=switches.JUMP_FORWARD_DEVICE_SPELLING.flag() or chain_width(args) > 0,
+        canonical_forced_text=switches.JUMP_FORWARD_DEVICE_SPELLING.flag()
+        or getattr(runner, "chain_decoder", None) is not None,
     )
 
 
