@@ -7,10 +7,11 @@ Every variant is one ``step_profile.py --grammar keys --window request --step-tr
 requests, prefill included, the same requests each time. ``base`` decodes without jump-forward;
 ``jf`` turns it on (chain launches on CUDA, host jumps on the CPU); ``host`` takes forced text on
 the host (``PHLOEM_JUMP_CHAIN=0``); ``lead`` adds ``PHLOEM_JUMP_LEAD=1`` to that; ``chain`` asks
-for chain launches of 8 nodes a row (``PHLOEM_JUMP_CHAIN=8``) on any device. A round runs every variant of a batch size in turn, so a slow stretch of a noisy host falls on all
-of them, and each variant's ratio is taken against ``base`` of the same round. The figure is whole records a second (jump-forward writes forced
-text in fewer tokens than the model picks, so tokens a second undersell it); characters a second
-follow it.
+for chain launches of 8 nodes a row (``PHLOEM_JUMP_CHAIN=8``) on any device. A round runs every
+variant of a batch size in turn, so a slow stretch of a noisy host falls on all of them, and each
+variant's ratio is taken against ``base`` of the same round. The figure is whole records a second
+(jump-forward writes forced text in fewer tokens than the model picks, so tokens a second
+undersell it); characters a second follow it.
 
 Flags after ``--`` go to every ``step_profile.py`` run after the defaults (later ones win), e.g.
 ``--real-model -- --device cpu --dtype float32 --cpu-overlap --decode-steps 8 --grammar-on-device

@@ -436,7 +436,8 @@ def merged(windows: list[dict[str, Any]]) -> dict[str, Any]:
     out = dict(windows[0])
     seconds = sum(w["seconds"] for w in windows)
     for key in ("seconds", "decode_tokens", "steps", "chars", "skipped_steps", "jump_forward_tokens",
-                "jump_stale_tokens", "chain_forced_tokens", "extend_graph_passes", "grammar_rejected", "near_end_syncs",
+                "jump_stale_tokens", "chain_forced_tokens", "extend_graph_passes", "grammar_rejected",
+                "near_end_syncs",
                 "gc_full_collections", "gc_pause_ms_total"):  # fmt: skip
         if key in out:
             out[key] = sum(w[key] for w in windows)

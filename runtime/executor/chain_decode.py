@@ -174,6 +174,10 @@ class ChainDecoder:
         hidden = self.model(v["ids"], v["positions"], self.attn)  # [bs * W, H]
         return self.model.compute_logits(hidden[v["last"]])
 
+    def drop(self) -> None:
+        """Forget the graphs (their memory pool too): launches run eagerly until recaptured."""
+        self.graphs, self.outputs, self.pool = {}, {}, None
+
     @torch.inference_mode()
     def capture(self) -> None:
         if not self.batch_sizes:
@@ -183,8 +187,10 @@ class ChainDecoder:
         self.graphs, self.outputs, self.pool = capture_graphs(
             self.batch_sizes, lambda bs: self._pass(self._views(self.static, 0, bs)), self.device
         )
-        logger.info("captured %d chain decode graphs (batch 1..%d, %d nodes a row) in %.2f s",
-                    len(self.graphs), self.batch_sizes[-1], self.width, time.perf_counter() - start)  # fmt: skip
+        logger.info(
+            "captured %d chain decode graphs (batch 1..%d, %d nodes a row) in %.2f s",
+            len(self.graphs), self.batch_sizes[-1], self.width, time.perf_counter() - start,
+        )  # fmt: skip
 
     @torch.inference_mode()
     def run(self, fi: ForwardInput, sample: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Any, ...]:
@@ -210,7 +216,7 @@ class ChainDecoder:
         start = pos.clone()
         emitted = torch.empty((steps, bs, w), dtype=torch.int64, device=dev)
         counts = torch.empty((steps, bs), dtype=torch.int64, device=dev)
-        padded = next((s for s in self.batch_sizes if s >= bs), None)
+        padded = next((s for s in self.batch_sizes if s >= bs and s in self.graphs), None)
         if padded is not None:
             if padded > bs:  # the graph's spare rows: padding
                 pad = self._buffers(padded - bs)

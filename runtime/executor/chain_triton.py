@@ -98,7 +98,8 @@ def chain_layout_triton(
 ) -> None:
     """:func:`~phloem.runtime.executor.chain_decode.chain_layout` in one launch (same arguments;
     ``ids``, ``positions``, ``node_slots``, ``rows``, ``prefix``, ``last``, ``emitted``, ``counts``,
-    ``cur``, ``pos``, ``start``, ``block`` int64, ``state`` and ``chain`` and ``targets`` int32, every buffer contiguous)."""
+    ``cur``, ``pos``, ``start``, ``block`` int64, ``state`` and ``chain`` and ``targets`` int32,
+    every buffer contiguous)."""
     batch, w = emitted.shape
     if batch == 0:
         return
@@ -106,6 +107,7 @@ def chain_layout_triton(
     _chain_layout_kernel[(batch,)](
         state, rows, chain, keys, targets, req_to_token, req_to_token.stride(0), req_to_token.shape[1],
         cur, pos, start, block, block.shape[1], out["ids"], out["positions"], out["node_slots"], out["rows"],
-        out["prefix"], out["tree_mask"], out["last"], emitted, counts, vocab, n, max(1, n.bit_length()), PADDING_SLOT,
+        out["prefix"], out["tree_mask"], out["last"], emitted, counts, vocab, n, max(1, n.bit_length()),
+        PADDING_SLOT,
         W=w, BLOCK_W=triton.next_power_of_2(w), num_warps=1,
     )  # fmt: skip

@@ -7,7 +7,7 @@ afterwards. Weights are copied to host memory first (pinned on CUDA) and copied 
 storages; the KV pool's contents are dropped (the caller flushed the prefix cache) and its buffers
 come back zeroed. Storage comes back at new device addresses, so the decode CUDA graphs, which
 captured the old ones, are dropped on release (freeing their memory pool too) and captured again
-once nothing is released.
+once nothing is released; so are the short extend graphs and the chain decode graphs.
 """
 
 from __future__ import annotations
@@ -58,9 +58,8 @@ class MemoryOccupation:
         graphs = self.runner.cuda_graphs
         if graphs is not None and not self.released:
             graphs.capture()  # over the new addresses of the weights and the pool
-            extend = getattr(self.runner, "extend_graphs", None)
-            if extend is not None:
-                extend.capture()
+            for extra in _extra_graphs(self.runner):
+                extra.capture()
         logger.info("resumed %s", ", ".join(todo))
         return f"resumed {', '.join(todo)}"
 
@@ -102,9 +101,14 @@ class MemoryOccupation:
         graphs = self.runner.cuda_graphs
         if graphs is not None:
             graphs.graphs, graphs.logits, graphs.pool = {}, {}, None  # replays stop: can_run is False
-        extend = getattr(self.runner, "extend_graphs", None)
-        if extend is not None:
-            extend.drop()
+        for extra in _extra_graphs(self.runner):
+            extra.drop()
+
+
+def _extra_graphs(runner: Any) -> list[Any]:
+    """The runner's graph sets besides the decode graphs (short extends, chain decode)."""
+    found = (getattr(runner, "extend_graphs", None), getattr(runner, "chain_decoder", None))
+    return [g for g in found if g is not None]
 
 
 def _checked(tags: Iterable[str]) -> list[str]:

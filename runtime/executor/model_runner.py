@@ -523,11 +523,7 @@ class ModelRunner:
             or not graphs.can_run(fi)
         ):
             return None
-        sampling = fi.with_sampling_on(self.device).sampling
-        sampling.vocab_mask = _resolve_mask(sampling.vocab_mask, self.device)
-        sampler = self.sampler
-        step_sampler = getattr(sampler, "step_sampler", None)  # Sampler's; a plain callable has none
-        sample = step_sampler(sampling) if step_sampler is not None else lambda x: sampler(x, sampling)
+        sampling, sample = self._steps_sampling(fi)
         stops = None
         if graphs.exit is not None and sampling.stop_tags is not None and sampling.stop_ids is not None:
             stops = (sampling.stop_tags, sampling.stop_ids)
@@ -550,21 +546,26 @@ class ModelRunner:
         sampler sees each step's logits as :meth:`forward` would give them (the scheduler sends
         such a batch only when no row's sampling changes between its steps)."""
         assert self.chain_decoder is not None, "chain decode launches need chain_width at start-up"
-        if self.device.type == "cpu":
-            sampling = fi.sampling
-        else:
-            sampling = fi.with_sampling_on(self.device).sampling
-        sampling.vocab_mask = _resolve_mask(sampling.vocab_mask, self.device)
+        sampling, sample = self._steps_sampling(fi)
         auto = sampling.automaton
         if auto is not None:  # the first layout reads the starting states
             auto.start(sampling.automaton_rows, sampling.automaton_init)
-        sampler = self.sampler
-        step_sampler = getattr(sampler, "step_sampler", None)
-        sample = step_sampler(sampling) if step_sampler is not None else lambda x: sampler(x, sampling)
         ids, ids_cpu, tokens, counts, event = self.chain_decoder.run(
             dataclasses.replace(fi, sampling=sampling), sample
         )
-        return ForwardOutput(next_token_ids=ids, next_token_ids_cpu=ids_cpu, copy_done=event, chain=(tokens, counts))
+        return ForwardOutput(
+            next_token_ids=ids, next_token_ids_cpu=ids_cpu, copy_done=event, chain=(tokens, counts)
+        )
+
+    def _steps_sampling(self, fi: ForwardInput) -> tuple[SamplingInfo, Callable[[torch.Tensor], torch.Tensor]]:
+        """``fi``'s sampling tensors on the device (its grammar mask resolved) and ``logits ->
+        tokens`` for every step of a launch that samples several with them."""
+        sampling = fi.with_sampling_on(self.device).sampling
+        sampling.vocab_mask = _resolve_mask(sampling.vocab_mask, self.device)
+        sampler = self.sampler
+        step_sampler = getattr(sampler, "step_sampler", None)  # Sampler's; a plain callable has none
+        sample = step_sampler(sampling) if step_sampler is not None else lambda x: sampler(x, sampling)
+        return sampling, sample
 
     @torch.inference_mode()
     def forward_logits(self, fi: ForwardInput) -> torch.Tensor:

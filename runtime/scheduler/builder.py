@@ -179,9 +179,12 @@ def chain_width(args: EngineArgs) -> int:
     """Nodes a row of chain decode launches (``PHLOEM_JUMP_CHAIN``; -1: the runner's default for
     its device) with jump-forward, grammars that may run on the device and one rank; else 0."""
     width = switches.JUMP_CHAIN.number()
+    if width < -1 or width == 1:
+        name = switches.JUMP_CHAIN.name
+        raise ValueError(f"{name} must be -1 (the device's default), 0 (off) or 2 or more, got {width}")
     if width == 0 or not jump_forward_on(args) or args.grammar_on_device == "off" or args.tp_size > 1:
         return 0
-    return -1 if width < 0 else max(width, 2)
+    return width
 
 
 def jump_forward_on(args: EngineArgs) -> bool:

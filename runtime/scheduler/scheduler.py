@@ -454,7 +454,8 @@ class Scheduler:
                     break
         req.output_ids.extend(tokens)
         num_new = len(tokens)
-        if jump and self.cfg.enable_jump_forward and req.grammar is not None and not req.grammar.is_terminated():
+        jumps = jump and self.cfg.enable_jump_forward
+        if jumps and req.grammar is not None and not req.grammar.is_terminated():
             num_new += self._jump_forward(req)  # the launch ended inside a forced run
         self._check_stop(req, num_new, tokens[-1])
 

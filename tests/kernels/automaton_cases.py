@@ -72,7 +72,9 @@ def check_step(shape: tuple[int, int, int], dtype: torch.dtype, device: str, see
     states = before[rows]
     ref_logits = apply_bitmask_ref(x.float().clone(), masks[states.long()])
     ref_tokens = ref_logits.argmax(dim=-1)
-    dev_snap = type(snap)(masks=masks, keys=keys, targets=targets, vocab_size=vocab, chain=snap.chain.to(device))
+    dev_snap = type(snap)(
+        masks=masks, keys=keys, targets=targets, vocab_size=vocab, chain=snap.chain.to(device)
+    )
     ref_next = dev_snap.advance(states.long(), ref_tokens)
     tokens = automaton_greedy(x, state, rows, masks, keys, targets)
     assert torch.equal(tokens.cpu(), ref_tokens.cpu()), f"tokens {tokens.tolist()[:8]} vs {ref_tokens.tolist()[:8]}"

@@ -203,3 +203,26 @@ def test_a_chain_launch_takes_fewer_steps_than_tokens():
     assert h.s.stats.continuous_decode_steps < 60 - 1
     # chain launches time the decode pace (a budgeted launch's steps follow it; 1 step until timed)
     assert h.s.pace.per_step is not None
+
+
+@pytest.mark.parametrize(("value", "jump_forward", "want"), [
+    ("-1", True, -1), ("0", True, 0), ("6", True, 6), ("8", False, 0),
+])  # fmt: skip
+def test_the_chain_width_switch(monkeypatch, value, jump_forward, want):
+    """``PHLOEM_JUMP_CHAIN``: -1 leaves the width to the runner's device, 0 turns chains off, and
+    without jump-forward there are none."""
+    from phloem.runtime.config import EngineArgs
+    from phloem.runtime.scheduler.builder import chain_width
+
+    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", value)
+    assert chain_width(EngineArgs(enable_jump_forward=jump_forward)) == want
+
+
+@pytest.mark.parametrize("value", ["1", "-3"])
+def test_a_chain_width_that_means_nothing_is_refused_by_name(monkeypatch, value):
+    from phloem.runtime.config import EngineArgs
+    from phloem.runtime.scheduler.builder import chain_width
+
+    monkeypatch.setenv("PHLOEM_JUMP_CHAIN", value)
+    with pytest.raises(ValueError, match="PHLOEM_JUMP_CHAIN"):
+        chain_width(EngineArgs(enable_jump_forward=True))

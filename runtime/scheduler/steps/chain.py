@@ -103,10 +103,11 @@ class ChainDecodeStep:
         out = fut.result()
         out.synchronize()
         assert out.chain is not None
-        tokens, counts = out.chain
+        # numpy views: per-row slicing there costs the loop below far less than torch indexing
+        tokens, counts = out.chain[0].numpy(), out.chain[1].numpy()
         s.pace.decode_processed(out.step_time)  # a chain step is what the budget bounds here
         steps = batch.decode_steps
-        used = counts.sum(dim=0).tolist()  # positions each row took
+        used = counts.sum(axis=0).tolist()  # positions each row took
         assert batch.step_slots is not None
         blocks = batch.step_slots
         for r, req in enumerate(batch.reqs):
@@ -119,7 +120,7 @@ class ChainDecodeStep:
         for r, req in enumerate(batch.reqs):
             if req.drop_stale(steps) or req.finished:
                 continue
-            row = tokens[:, r]  # [K, W]: the forced tokens of a step, its sampled one, then -1
+            row = tokens[:, r].ravel()  # step after step: its forced tokens, its sampled one, -1s
             # the budget left by the tokens seen so far (a later launch in flight continues these)
             new = row[row >= 0].tolist()[: req.params.max_new_tokens - len(req.output_ids)]
             if not new:
